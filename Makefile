@@ -1,0 +1,44 @@
+# Rota's Makefile documents itself: `make help` lists every target with the
+# text after its `##`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[worker,operator,dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP) ## create .venv and install Rota with everything the tests need
+
+test: $(STAMP) ## run the whole test suite (starts a throwaway PostgreSQL unless ROTA_TEST_DATABASE_URL is set)
+	$(BIN)/pytest -q
+
+lint: $(STAMP) ## ruff, mypy and the import layers
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+fmt: $(STAMP) ## format the code
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+demo: $(STAMP) ## run Rota on an embedded PostgreSQL with sample jobs and schedules (Ctrl-C stops)
+	$(BIN)/rota demo
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: help install test lint fmt demo clean
+
+-include mk/*.mk

@@ -1,0 +1,70 @@
+"""The `rota` command line: one module per group of subcommands.
+
+Each module has ``register(subparsers)``, which adds its commands with
+``set_defaults(func=...)``; a command function takes the parsed arguments and
+returns the exit code. `main` turns `UsageError`/`InvalidInput` into exit 2 with
+a one-line reason and any other `RotaError` into exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from rota.cli.common import UsageError
+from rota.errors import InvalidInput, RotaError
+
+# Subcommand modules, in the order `rota --help` lists them.
+_MODULES = [
+    "rota.cli.queue",  # migrate, enqueue, jobs, dead
+    "rota.cli.processes",  # worker, reaper, scheduler, demo
+    "rota.cli.schedule",  # schedule ..., archive
+    "rota.cli.status",  # status
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rota", description="Jobs and schedules on PostgreSQL.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+            stream=sys.stderr,
+        )
+        return int(args.func(args) or 0)
+    except (UsageError, InvalidInput) as exc:
+        print(f"rota: error: {exc}", file=sys.stderr)
+        return 2
+    except RotaError as exc:
+        print(f"rota: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""What every `rota` subcommand shares: the database URL, input parsing, exits.
+
+Exit codes: 0 ok, 2 bad usage or input (one-line reason, nothing written),
+1 runtime error. Only the CLI and the ``__main__`` modules read the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+
+class UsageError(Exception):
+    """Bad usage or input: printed as one line, exit code 2."""
+
+
+def database_url() -> str:
+    """ROTA_DATABASE_URL, or "" so libpq falls back to its PG* variables."""
+    return os.environ.get("ROTA_DATABASE_URL", "")
+
+
+def parse_json(text: str | None, what: str = "--payload") -> Any:
+    if text is None:
+        return {}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+def parse_instant(text: str, what: str) -> datetime:
+    """An ISO-8601 instant; without an offset it is taken as UTC."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{what} is not an ISO-8601 instant: {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str, what: str) -> float:
+    """Seconds from "90", "90s", "15m", "12h", "7d" or "2w"."""
+    raw = text.strip().lower()
+    unit = 1
+    if raw and raw[-1] in _UNITS:
+        unit, raw = _UNITS[raw[-1]], raw[:-1]
+    try:
+        seconds = float(raw) * unit
+    except ValueError:
+        raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}") from None
+    if seconds < 0:
+        raise UsageError(f"{what} must not be negative: {text!r}")
+    return seconds
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise UsageError(f"must be at least 1: {text!r}")
+    return value
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))

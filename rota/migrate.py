@@ -1,0 +1,65 @@
+"""Forward-only, numbered migrations recorded in ``rota.migrations``.
+
+Any number of processes may run `migrate()` at once: a transaction-scoped
+advisory lock lets one apply what is missing while the others wait, then find
+nothing left to do. Each migration is recorded in the same transaction that
+applies it, so a crash leaves either all of it or none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rota import sql
+from rota.db import ConnOrDsn, connection, errors_wrapped
+from rota.errors import MigrationError
+
+log = logging.getLogger(__name__)
+
+# Any fixed number will do; it only has to be the same in every process.
+_LOCK_ID = 0x726F7461  # "rota"
+
+
+def migrate(conn_or_dsn: ConnOrDsn) -> list[int]:
+    """Apply every migration not yet applied; return the numbers applied now."""
+    applied_now: list[int] = []
+    with connection(conn_or_dsn) as conn, errors_wrapped():
+        for number, name, text in sql.migrations():
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+                conn.execute("CREATE SCHEMA IF NOT EXISTS rota")
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS rota.migrations ("
+                    " id integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                done = conn.execute(
+                    "SELECT 1 FROM rota.migrations WHERE id = %s", (number,)
+                ).fetchone()
+                if done:
+                    continue
+                log.info("applying migration %04d_%s", number, name)
+                conn.execute(text.encode())
+                conn.execute(
+                    "INSERT INTO rota.migrations (id, name) VALUES (%s, %s)", (number, name)
+                )
+                applied_now.append(number)
+    return applied_now
+
+
+def applied(conn_or_dsn: ConnOrDsn) -> list[int]:
+    """The numbers of the migrations applied to this database."""
+    with connection(conn_or_dsn) as conn:
+        exists = conn.execute("SELECT to_regclass('rota.migrations') IS NOT NULL AS e").fetchone()
+        if not exists or not list(exists.values() if isinstance(exists, dict) else exists)[0]:
+            return []
+        rows = conn.execute("SELECT id FROM rota.migrations ORDER BY id").fetchall()
+    return [r["id"] if isinstance(r, dict) else r[0] for r in rows]
+
+
+def require_current(conn_or_dsn: ConnOrDsn) -> None:
+    """Raise `MigrationError` unless every migration this code knows is applied."""
+    known = [number for number, _, _ in sql.migrations()]
+    missing = sorted(set(known) - set(applied(conn_or_dsn)))
+    if missing:
+        raise MigrationError(f"database schema is not up to date (run `rota migrate`): missing {missing}")
