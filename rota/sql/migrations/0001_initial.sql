@@ -70,3 +70,21 @@ CREATE TABLE rota.job_effect (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job_key, effect)
 );
+
+-- Wake idle workers when a job that can run now is inserted. One NOTIFY per
+-- statement (and PostgreSQL folds duplicates within a transaction), delivered
+-- at commit, so a batch of thousands costs one notification.
+CREATE FUNCTION rota.notify_ready_jobs() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM new_rows WHERE status = 'ready' AND run_at <= now()) THEN
+        PERFORM pg_notify('rota_jobs', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_notify_ready
+    AFTER INSERT ON rota.job
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.notify_ready_jobs();

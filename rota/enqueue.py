@@ -1,0 +1,109 @@
+"""Putting jobs on the queue: one job, or thousands in one round trip.
+
+Enqueueing inside the caller's transaction is supported: pass the connection and
+nothing is committed for you, so the job exists if and only if the caller's
+business rows do. A duplicate idempotency key never makes a second row; it
+gives the id of the row that holds the key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from rota import sql
+from rota.db import ConnOrDsn, connection, fetch_all
+from rota.errors import InvalidInput
+from rota.jobs import NewJob
+from rota.settings import QueueSettings
+
+_DEFAULTS = QueueSettings()
+
+
+def enqueue(
+    conn_or_dsn: ConnOrDsn,
+    job_type: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    settings: QueueSettings = _DEFAULTS,
+    now: datetime | None = None,
+) -> int:
+    """Enqueue one job and return its id (the existing id for a known key)."""
+    job = NewJob(job_type, payload, key, run_at, delay, max_attempts)
+    return enqueue_many(conn_or_dsn, [job], settings=settings, now=now)[0]
+
+
+def enqueue_many(
+    conn_or_dsn: ConnOrDsn,
+    jobs: Sequence[NewJob],
+    *,
+    settings: QueueSettings = _DEFAULTS,
+    now: datetime | None = None,
+) -> list[int]:
+    """Enqueue a batch in one statement; ids in input order."""
+    if not jobs:
+        return []
+    payloads = [_checked(job, settings) for job in jobs]
+    params = {
+        "types": [job.type for job in jobs],
+        "payloads": payloads,
+        "keys": [job.key for job in jobs],
+        "run_ats": [job.run_at for job in jobs],
+        "delays": [None if job.delay is None else float(job.delay) for job in jobs],
+        "max_attempts": [job.max_attempts for job in jobs],
+        "default_max_attempts": settings.default_max_attempts,
+        "now": now,
+    }
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("enqueue_jobs"), params)
+        ids: list[int | None] = [row["id"] for row in rows]
+        if None in ids:
+            # A concurrent transaction inserted the key after our statement's
+            # snapshot was taken; a new statement sees its row.
+            missing = [job.key for job, id_ in zip(jobs, ids, strict=True) if id_ is None]
+            found = {
+                r["idempotency_key"]: r["id"]
+                for r in fetch_all(conn, sql.query("ids_for_keys"), {"keys": missing})
+            }
+            ids = [
+                id_ if id_ is not None else found.get(job.key)
+                for job, id_ in zip(jobs, ids, strict=True)
+            ]
+    if None in ids:  # pragma: no cover - the key's holder rolled back between our two statements
+        raise InvalidInput("a job with that key was being inserted concurrently; enqueue again")
+    return [int(id_) for id_ in ids if id_ is not None]
+
+
+def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
+    """Validate one job before anything is written; return its payload for the driver."""
+    if not isinstance(job.type, str) or not job.type.strip():
+        raise InvalidInput("job type must be a non-empty string")
+    if job.run_at is not None and job.delay is not None:
+        raise InvalidInput("give run_at or delay, not both")
+    if job.run_at is not None and job.run_at.tzinfo is None:
+        raise InvalidInput("run_at must carry a time zone (naive datetimes are ambiguous)")
+    if job.delay is not None and job.delay < 0:
+        raise InvalidInput(f"delay must not be negative: {job.delay}")
+    if job.max_attempts is not None and job.max_attempts < 1:
+        raise InvalidInput(f"max_attempts must be at least 1: {job.max_attempts}")
+    if job.key is not None and not job.key:
+        raise InvalidInput("an idempotency key must not be empty")
+    payload = {} if job.payload is None else job.payload
+    try:
+        encoded = json.dumps(payload, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
+    size = len(encoded.encode())
+    if size > settings.max_payload_bytes:
+        raise InvalidInput(
+            f"payload is {size} bytes, over the limit of {settings.max_payload_bytes} bytes"
+        )
+    return Jsonb(payload, dumps=lambda _: encoded)

@@ -1,0 +1,48 @@
+"""What happens after a handler fails: how long to wait, and what to remember.
+
+Pure functions: the worker decides the outcome, `finish_jobs` writes it.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+
+from rota.settings import BackoffSettings
+
+_DEFAULT = BackoffSettings()
+
+MAX_ERROR_CHARS = 4000
+"""last_error keeps the error type, its message and the end of the traceback."""
+
+
+def backoff_seconds(
+    attempts: int, settings: BackoffSettings = _DEFAULT, rng: random.Random | None = None
+) -> float:
+    """Delay before the next attempt after `attempts` failed ones.
+
+    base * 2**(attempts-1), capped, then spread by +/- jitter (never below 0 and
+    never above the cap).
+    """
+    exponent = max(attempts - 1, 0)
+    # Past 2**60 every delay is capped anyway; avoid float overflow on absurd counts.
+    delay = settings.cap_seconds if exponent > 60 else settings.base_seconds * 2**exponent
+    delay = min(delay, settings.cap_seconds)
+    if settings.jitter:
+        spread = delay * settings.jitter
+        delay += (rng or random).uniform(-spread, spread)
+    return max(0.0, min(delay, settings.cap_seconds))
+
+
+def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
+    """``Type: message`` then the innermost frames of the traceback, trimmed to `limit`."""
+    head = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    frames = "".join(traceback.format_tb(exc.__traceback__)) if exc.__traceback__ else ""
+    if not frames:
+        return head[:limit]
+    text = f"{head}\n{frames}"
+    if len(text) <= limit:
+        return text
+    # Keep the head and the innermost frames, where the error was raised.
+    tail_room = max(limit - len(head) - 6, 0)
+    return f"{head}\n...\n{frames[-tail_room:]}"[:limit]

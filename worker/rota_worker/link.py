@@ -1,0 +1,66 @@
+"""One database connection for one loop of the worker, reopened after an outage.
+
+Each loop (claim, flush, heartbeat, listen) owns a `Link`, and uses it for one
+call at a time, so a connection is never shared between threads. A call that
+fails because the database went away closes the connection; the next call opens
+a new one. Blocking psycopg calls run on a small thread pool of their own, away
+from the threads that run sync handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from rota import db
+from rota.errors import DatabaseUnavailable
+
+T = TypeVar("T")
+
+
+class Link:
+    def __init__(self, dsn: str, name: str, io: ThreadPoolExecutor) -> None:
+        self.dsn = dsn
+        self.name = name
+        self._io = io
+        self._conn: db.Conn | None = None
+
+    def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.dsn, application_name=f"rota-worker-{self.name}")
+        try:
+            return fn(self._conn, *args)
+        except DatabaseUnavailable:
+            self.close()
+            raise
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(connection, *args)`` on the I/O pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._io, functools.partial(self._call, fn, args))
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class Backoff:
+    """Growing waits between reconnection attempts, reset by a success."""
+
+    def __init__(self, first: float = 0.1, most: float = 10.0) -> None:
+        self.first = first
+        self.most = most
+        self.current = first
+
+    def next(self) -> float:
+        delay, self.current = self.current, min(self.current * 2, self.most)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.first

@@ -1,0 +1,66 @@
+"""LISTEN for wake-ups: new jobs (channel rota_jobs) and schedule changes (rota_schedule).
+
+Runs in a thread of its own with a dedicated connection, and turns each
+notification into an asyncio event set on the worker's loop. Notifications are
+an optimisation only: the worker polls anyway, so a lost one delays, never loses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from rota import db
+from rota.errors import RotaError
+
+log = logging.getLogger("rota.worker")
+
+JOBS_CHANNEL = "rota_jobs"
+SCHEDULE_CHANNEL = "rota_schedule"
+
+
+class Listener(threading.Thread):
+    def __init__(
+        self, dsn: str, loop: asyncio.AbstractEventLoop, events: dict[str, asyncio.Event]
+    ) -> None:
+        super().__init__(name="rota-listener", daemon=True)
+        self.dsn = dsn
+        self.loop = loop
+        self.events = events
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                self._listen()
+                delay = 0.1
+            except (RotaError, OSError, Exception) as exc:
+                if self._stop.is_set():
+                    return
+                log.debug("listener: %s; reconnecting in %.1fs", exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _listen(self) -> None:
+        conn = db.connect(self.dsn, application_name="rota-worker-listen")
+        try:
+            for channel in self.events:
+                conn.execute(f"LISTEN {channel}".encode())
+            # After (re)connecting, wake everyone: notifications may have been missed.
+            self._wake_all()
+            while not self._stop.is_set():
+                for note in conn.notifies(timeout=1.0):
+                    event = self.events.get(note.channel)
+                    if event is not None:
+                        self.loop.call_soon_threadsafe(event.set)
+        finally:
+            conn.close()
+
+    def _wake_all(self) -> None:
+        for event in self.events.values():
+            self.loop.call_soon_threadsafe(event.set)

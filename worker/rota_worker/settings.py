@@ -1,0 +1,76 @@
+"""Worker settings: how many jobs at once, how long a lease, how to stop."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import socket
+from collections.abc import Sequence
+
+from rota.errors import InvalidInput
+from rota.settings import BackoffSettings, ReaperSettings
+
+
+def default_worker_id() -> str:
+    """host:pid:random — unique per process, readable in locked_by."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    concurrency: int = 10
+    """Jobs run at once by this process (async handlers as tasks, sync ones in threads)."""
+
+    lease_seconds: float = 30.0
+    """How long a claim holds a job without a heartbeat; heartbeats come every third of it.
+    A crashed worker's jobs run again after at most this long."""
+
+    types: Sequence[str] | None = None
+    """Job types to claim; None means every type with a registered handler."""
+
+    poll_interval_seconds: float = 1.0
+    """Longest wait between claims when no NOTIFY arrives (the fallback when
+    notifications are lost, e.g. behind a transaction-mode pooler)."""
+
+    grace_period_seconds: float = 25.0
+    """On SIGTERM, how long running jobs may take to finish before the rest are given
+    back (ready again, attempt not counted). Below Kubernetes' default 30 s."""
+
+    finish_batch_size: int = 500
+    """Most outcomes written per statement; completions are batched for throughput."""
+
+    worker_id: str = dataclasses.field(default_factory=default_worker_id)
+    """Written to locked_by of every claimed job."""
+
+    run_reaper: bool = True
+    """Run the reaper inside this worker."""
+
+    run_scheduler: bool = True
+    """Run the scheduler (and so the built-in archive schedule) inside this worker."""
+
+    metrics_port: int | None = None
+    """Serve /metrics, /healthz and /readyz on this port (None: no HTTP server)."""
+
+    backoff: BackoffSettings = dataclasses.field(default_factory=BackoffSettings)
+    """Delays between retries of failing jobs."""
+
+    reaper: ReaperSettings = dataclasses.field(default_factory=ReaperSettings)
+    """How the embedded reaper runs."""
+
+    reconnect_max_seconds: float = 10.0
+    """Longest wait between reconnection attempts while the database is away."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise InvalidInput("concurrency must be at least 1")
+        if self.lease_seconds < 1:
+            raise InvalidInput("lease must be at least 1 second")
+        if self.poll_interval_seconds <= 0 or self.grace_period_seconds < 0:
+            raise InvalidInput("poll interval must be > 0 and grace period >= 0")
+        if self.finish_batch_size < 1:
+            raise InvalidInput("finish_batch_size must be at least 1")
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.lease_seconds / 3
