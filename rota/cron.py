@@ -1,0 +1,246 @@
+"""Cron expressions in a time zone: which instants are a schedule's slots.
+
+Pure computation (no database, no clock): the scheduler, the CLI preview and
+the operator's validation all ask this module, so they cannot disagree.
+
+Daylight saving time follows classic cron. A schedule is *wildcard-hour* when
+its hour field covers all 24 hours (``*``, ``*/1``, ``0-23``) and *fixed-hour*
+otherwise. On the spring-forward day a fixed-hour slot whose wall time does not
+exist runs once, at the first instant after the gap (several such slots in one
+gap still make one run); a wildcard-hour schedule simply has no slot in the
+gap. On the fall-back day a fixed-hour slot runs once, at the first occurrence
+of its wall time, while a wildcard-hour schedule runs in both occurrences of
+the repeated hour (once per real hour). A slot is always a whole minute.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from rota.errors import InvalidInput
+
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
+# name, lowest, highest, names for values (first name = lowest value)
+_FIELDS = [
+    ("minute", 0, 59, None),
+    ("hour", 0, 23, None),
+    ("day of month", 1, 31, None),
+    ("month", 1, 12, _MONTHS),
+    ("day of week", 0, 7, _DAYS),
+]
+# A valid expression fires at least once in this many days (Feb 29 across a
+# non-leap century year needs 8 years).
+_SEARCH_DAYS = 9 * 366
+
+
+@dataclasses.dataclass(frozen=True)
+class Cron:
+    """A parsed 5-field expression: the allowed values of each field."""
+
+    expr: str
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]  # 0 = Sunday
+    day_restricted: bool
+    weekday_restricted: bool
+
+    @property
+    def wildcard_hour(self) -> bool:
+        return len(self.hours) == 24
+
+    def matches_day(self, day: date) -> bool:
+        if day.month not in self.months:
+            return False
+        in_days = day.day in self.days
+        in_weekdays = (day.weekday() + 1) % 7 in self.weekdays
+        if self.day_restricted and self.weekday_restricted:
+            return in_days or in_weekdays  # classic cron: either field may match
+        return in_days and in_weekdays
+
+
+def parse(expr: str) -> Cron:
+    """Parse a 5-field expression or a macro; raise `InvalidInput` saying what is wrong."""
+    text = " ".join(str(expr).split())
+    fields = MACROS.get(text.lower(), text).split(" ")
+    if text.startswith("@") and text.lower() not in MACROS:
+        raise InvalidInput(f"invalid cron expression {text!r}: unknown macro")
+    if len(fields) != 5:
+        raise InvalidInput(
+            f"invalid cron expression {text!r}: expected 5 fields, got {len(fields)}"
+        )
+    values = [_field(f, spec, text) for f, spec in zip(fields, _FIELDS, strict=True)]
+    weekdays = {0 if d == 7 else d for d in values[4]}
+    return Cron(
+        expr=text,
+        minutes=tuple(sorted(values[0])),
+        hours=tuple(sorted(values[1])),
+        days=frozenset(values[2]),
+        months=frozenset(values[3]),
+        weekdays=frozenset(weekdays),
+        day_restricted=not fields[2].startswith("*"),
+        weekday_restricted=not fields[4].startswith("*"),
+    )
+
+
+def _field(text: str, spec: tuple[str, int, int, list[str] | None], expr: str) -> set[int]:
+    name, low, high, names = spec
+    found: set[int] = set()
+    for part in text.split(","):
+        try:
+            found |= _part(part.lower(), low, high, names)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"invalid cron expression {expr!r}: {name} field {text!r}: {exc}"
+            ) from None
+    return found
+
+
+def _part(part: str, low: int, high: int, names: list[str] | None) -> set[int]:
+    base, _, step_text = part.partition("/")
+    step = int(step_text) if step_text.isdigit() else -1
+    if "/" in part and step < 1:
+        raise ValueError(f"step must be a whole number of at least 1 in {part!r}")
+    if base == "*":
+        first, last = low, high
+    elif "-" in base:
+        first_text, last_text = base.split("-", 1)
+        first, last = _value(first_text, low, high, names), _value(last_text, low, high, names)
+        if first > last:
+            raise ValueError(f"range {base!r} runs backwards")
+    else:
+        first = _value(base, low, high, names)
+        last = high if "/" in part else first
+    return set(range(first, last + 1, max(step, 1)))
+
+
+def _value(text: str, low: int, high: int, names: list[str] | None) -> int:
+    if names and text in names:
+        return names.index(text) + low
+    if not text.isdigit():
+        raise ValueError(f"{text!r} is not a number")
+    value = int(text)
+    if not low <= value <= high:
+        raise ValueError(f"{value} is outside {low}-{high}")
+    return value
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA time zone of that name; raise `InvalidInput` for an unknown one."""
+    try:
+        if not name or name != name.strip():
+            raise ValueError(name)
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidInput(
+            f"unknown time zone {name!r}: use an IANA name like Europe/Berlin"
+        ) from None
+
+
+class Schedule:
+    """A cron expression in a time zone: its slots as UTC instants."""
+
+    def __init__(self, expr: str, timezone: str = "UTC") -> None:
+        self.cron = parse(expr)
+        self.zone = zone(timezone)
+        if self.next_slot(datetime(2000, 1, 1, tzinfo=UTC)) is None:
+            raise InvalidInput(f"invalid cron expression {self.cron.expr!r}: it never fires")
+
+    def next_slot(self, after: datetime) -> datetime | None:
+        """The first slot strictly after `after` (None if none within 9 years)."""
+        for slots in self._days_from(after, _SEARCH_DAYS):
+            i = bisect.bisect_right(slots, after)
+            if i < len(slots):
+                return slots[i]
+        return None
+
+    def slots(self, after: datetime, count: int) -> list[datetime]:
+        """The next `count` slots after `after`."""
+        found: list[datetime] = []
+        current: datetime | None = after
+        while len(found) < count and current is not None:
+            current = self.next_slot(current)
+            if current is not None:
+                found.append(current)
+        return found
+
+    def due(self, first: datetime, until: datetime) -> tuple[int, datetime | None]:
+        """How many slots lie in [first, until], and the latest of them."""
+        count, latest = 0, None
+        days = (until - first).days + 3
+        for slots in self._days_from(first - timedelta(microseconds=1), days):
+            lo, hi = bisect.bisect_left(slots, first), bisect.bisect_right(slots, until)
+            if hi > lo:
+                count, latest = count + hi - lo, slots[hi - 1]
+        return count, latest
+
+    def _days_from(self, instant: datetime, days: int) -> Iterator[tuple[datetime, ...]]:
+        """Slot lists of the local days from the day before `instant` on, in order."""
+        start = instant.astimezone(self.zone).date() - timedelta(days=1)
+        for offset in range(days + 1):
+            day = start + timedelta(days=offset)
+            if self.cron.matches_day(day):
+                yield _day_slots(self.cron, self.zone, day)
+
+
+@functools.lru_cache(maxsize=4096)
+def _day_slots(cron: Cron, tz: ZoneInfo, day: date) -> tuple[datetime, ...]:
+    """Every slot of one local calendar day, as sorted UTC instants."""
+    found: set[datetime] = set()
+    for hour in cron.hours:
+        for minute in cron.minutes:
+            wall = datetime(day.year, day.month, day.day, hour, minute)
+            found.update(_instants(wall, tz, cron.wildcard_hour))
+    return tuple(sorted(found))
+
+
+def _instants(wall: datetime, tz: ZoneInfo, wildcard_hour: bool) -> list[datetime]:
+    """The instants a local wall time stands for, under the DST rules above."""
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    if first == second:
+        return [first]
+    exists = first.astimezone(tz).replace(tzinfo=None) == wall
+    if exists:  # fall-back: the wall time happens twice
+        return sorted({first, second}) if wildcard_hour else [min(first, second)]
+    if wildcard_hour:  # spring-forward gap: no such minute today
+        return []
+    return [_transition(min(first, second), max(first, second), tz)]
+
+
+def _transition(before: datetime, after: datetime, tz: ZoneInfo) -> datetime:
+    """The instant the UTC offset changes, between two instants on either side of it."""
+    target = after.astimezone(tz).utcoffset()
+    low, high = 0, int((after - before).total_seconds())
+    while high - low > 1:  # invariant: offset at before+low differs, at before+high is target
+        middle = (low + high) // 2
+        if (before + timedelta(seconds=middle)).astimezone(tz).utcoffset() == target:
+            high = middle
+        else:
+            low = middle
+    return before + timedelta(seconds=high)
+
+
+def preview(
+    expr: str, timezone: str = "UTC", start: datetime | None = None, count: int = 10
+) -> list[datetime]:
+    """The next `count` slots after `start` (default: now), in the schedule's time zone."""
+    schedule = Schedule(expr, timezone)
+    after = start or datetime.now(UTC)
+    return [slot.astimezone(schedule.zone) for slot in schedule.slots(after, count)]

@@ -1,0 +1,195 @@
+"""The scheduler: turns the due slots of recurring schedules into jobs.
+
+A validated `SchedulerSettings`, a `run_once()` that tests call with a frozen
+clock, and a thin loop `run()` that only sleeps, listens and logs. Any number
+of schedulers may run against one database: due schedules are locked with
+SKIP LOCKED, each is handled in its own short transaction, and a slot's job
+carries the idempotency key ``schedule:<id>:<slot>``, so a slot is one job
+however many schedulers see it. The scheduler never runs jobs itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from rota import cron, schedules, sql
+from rota.db import (
+    Conn,
+    ConnOrDsn,
+    connect,
+    connection,
+    errors_wrapped,
+    fetch_all,
+    is_unavailable,
+)
+from rota.errors import InvalidInput, RotaError
+from rota.settings import QueueSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerSettings:
+    poll_interval_seconds: float = 10.0
+    """Longest sleep between ticks, in seconds. The loop also wakes when the
+    earliest schedule comes due and on a NOTIFY of a schedule change."""
+
+    max_schedules_per_tick: int = 1000
+    """Most schedules one `run_once` handles; the loop ticks again at once when
+    it hit the cap, so a shutdown request is never kept waiting long."""
+
+    default_max_attempts: int = QueueSettings().default_max_attempts
+    """Attempts of a slot's job when its schedule does not set max_attempts."""
+
+    def __post_init__(self) -> None:
+        if self.poll_interval_seconds <= 0:
+            raise InvalidInput("scheduler poll_interval_seconds must be above 0")
+        if self.max_schedules_per_tick < 1 or self.default_max_attempts < 1:
+            raise InvalidInput("max_schedules_per_tick and default_max_attempts must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerResult:
+    schedules: int = 0
+    """Due schedules handled."""
+    enqueued: int = 0
+    """Jobs created for slots."""
+    missed: int = 0
+    """Slots passed over because no scheduler ran in time (or past the deadline)."""
+    skipped: int = 0
+    """Slots passed over by concurrency_policy Forbid."""
+    capped: bool = False
+    """True when max_schedules_per_tick stopped the tick early."""
+
+    def __add__(self, other: SchedulerResult) -> SchedulerResult:
+        return SchedulerResult(
+            self.schedules + other.schedules,
+            self.enqueued + other.enqueued,
+            self.missed + other.missed,
+            self.skipped + other.skipped,
+            self.capped or other.capped,
+        )
+
+
+class Scheduler:
+    def __init__(self, settings: SchedulerSettings | None = None) -> None:
+        self.settings = settings or SchedulerSettings()
+
+    def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> SchedulerResult:
+        """Handle every due schedule, each in its own transaction."""
+        result = SchedulerResult()
+        with connection(conn_or_dsn) as conn:
+            for _ in range(self.settings.max_schedules_per_tick):
+                with conn.transaction():
+                    rows = fetch_all(conn, sql.query("schedule_next_due"), {"now": now})
+                    if not rows:
+                        return result
+                    result += self._fire(conn, rows[0], now)
+        return dataclasses.replace(result, capped=True)
+
+    def _fire(self, conn: Conn, row: dict[str, Any], now: datetime | None) -> SchedulerResult:
+        """Enqueue the latest due slot of one locked schedule and advance it."""
+        tick: datetime = row["tick"]
+        try:
+            schedule = cron.Schedule(row["cron"], row["timezone"])
+        except InvalidInput as exc:  # stored by hand, or a time zone this host lacks
+            log.error("schedule %r cannot be computed: %s", row["name"], exc)
+            self._advance(conn, row, tick + timedelta(hours=1), None, 0, 0)
+            return SchedulerResult(schedules=1)
+        count, latest = schedule.due(row["next_run_at"], tick)
+        next_run_at = schedule.next_slot(tick) or tick + timedelta(days=1)
+        if latest is None:  # next_run_at was not a slot (a new built-in row): realign
+            self._advance(conn, row, next_run_at, None, 0, 0)
+            return SchedulerResult(schedules=1)
+        deadline = row["starting_deadline_seconds"]
+        if deadline is not None and (tick - latest).total_seconds() > deadline:
+            self._advance(conn, row, next_run_at, None, count, 0)
+            return SchedulerResult(schedules=1, missed=count)
+        if row["concurrency_policy"] == "Forbid" and self._previous_active(conn, row):
+            self._advance(conn, row, next_run_at, None, count - 1, 1)
+            return SchedulerResult(schedules=1, missed=count - 1, skipped=1)
+        created = self._enqueue(conn, row, latest, now)
+        self._advance(conn, row, next_run_at, latest, count - 1, 0)
+        return SchedulerResult(schedules=1, enqueued=int(created), missed=count - 1)
+
+    def _previous_active(self, conn: Conn, row: dict[str, Any]) -> bool:
+        found = fetch_all(
+            conn, sql.query("schedule_previous_job_active"), {"schedule_id": row["id"]}
+        )
+        return bool(found[0]["active"])
+
+    def _enqueue(
+        self, conn: Conn, row: dict[str, Any], slot: datetime, now: datetime | None
+    ) -> bool:
+        offset = schedules.spread_offset(row["name"], row["spread_seconds"])
+        params = {
+            "type": row["job_type"],
+            "payload": Jsonb(row["payload"]),
+            "key": schedules.idempotency_key(row["id"], slot),
+            "run_at": slot + timedelta(seconds=offset),
+            "max_attempts": row["max_attempts"] or self.settings.default_max_attempts,
+            "schedule_id": row["id"],
+            "slot": slot,
+            "now": now,
+        }
+        return bool(fetch_all(conn, sql.query("schedule_enqueue_slot"), params))
+
+    @staticmethod
+    def _advance(
+        conn: Conn,
+        row: dict[str, Any],
+        next_run_at: datetime,
+        last_slot: datetime | None,
+        missed: int,
+        skipped: int,
+    ) -> None:
+        params = {
+            "id": row["id"],
+            "next_run_at": next_run_at,
+            "last_slot": last_slot,
+            "missed": missed,
+            "skipped": skipped,
+        }
+        fetch_all(conn, sql.query("schedule_advance"), params)
+
+    # -- the loop ------------------------------------------------------------
+    def run(self, dsn: str, stop: threading.Event) -> None:
+        """Tick until `stop` is set; sleep until the next due slot, the poll
+        interval or a change notified on ``rota_schedule``, whichever is first."""
+        conn: Conn | None = None
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = connect(dsn)
+                    fetch_all(conn, sql.query("schedule_listen"))
+                result = self.run_once(conn)
+                if result.schedules:
+                    log.info("scheduler tick: %s", result)
+                if not result.capped:
+                    self._wait(conn, stop)
+            except RotaError as exc:
+                log.warning("scheduler: %s", exc)
+                if conn is not None and is_unavailable(exc):
+                    conn.close()
+                    conn = None
+                stop.wait(self.settings.poll_interval_seconds)
+        if conn is not None:
+            conn.close()
+
+    def _wait(self, conn: Conn, stop: threading.Event) -> None:
+        rows = fetch_all(conn, sql.query("schedule_earliest_due"), {"now": None})
+        wait = self.settings.poll_interval_seconds
+        if rows and rows[0]["wait"] is not None:
+            wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
+        end = time.monotonic() + wait
+        with errors_wrapped():
+            while not stop.is_set() and (left := end - time.monotonic()) > 0:
+                for _ in conn.notifies(timeout=min(left, 0.5), stop_after=1):
+                    return

@@ -1,0 +1,180 @@
+"""Recurring schedules: validate, create, change, suspend and remove them.
+
+The CLI and the operator both come through here, so a schedule is checked the
+same way wherever it comes from: nothing invalid is ever stored. Every change
+notifies channel ``rota_schedule`` so sleeping schedulers look again at once.
+This module never enqueues jobs; that is the scheduler's work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from rota import cron, sql
+from rota.db import Conn, ConnOrDsn, connection, fetch_all
+from rota.errors import InvalidInput
+from rota.settings import QueueSettings
+
+POLICIES = ("Allow", "Forbid")
+NOTIFY_CHANNEL = "rota_schedule"
+_MAX_PAYLOAD_BYTES = QueueSettings().max_payload_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSpec:
+    """What a user asks for; the row adds next_run_at, last_slot and counters."""
+
+    name: str
+    job_type: str
+    cron: str
+    timezone: str = "UTC"
+    payload: Any = None
+    suspend: bool = False
+    spread_seconds: int = 0
+    concurrency_policy: str = "Allow"
+    starting_deadline_seconds: int | None = None
+    max_attempts: int | None = None
+
+
+def validate(spec: ScheduleSpec) -> None:
+    """Raise `InvalidInput` with a one-line reason unless the spec can be stored."""
+    if not isinstance(spec.name, str) or not spec.name.strip():
+        raise InvalidInput("schedule name must be a non-empty string")
+    if not isinstance(spec.job_type, str) or not spec.job_type.strip():
+        raise InvalidInput("job type must be a non-empty string")
+    cron.Schedule(spec.cron, spec.timezone)
+    _encoded_payload(spec.payload)
+    if spec.concurrency_policy not in POLICIES:
+        raise InvalidInput(
+            f"concurrency policy must be Allow or Forbid, not {spec.concurrency_policy!r}"
+        )
+    _check_int("spread_seconds", spec.spread_seconds, minimum=0)
+    _check_int("starting_deadline_seconds", spec.starting_deadline_seconds, minimum=1)
+    _check_int("max_attempts", spec.max_attempts, minimum=1)
+
+
+def _check_int(name: str, value: int | None, minimum: int) -> None:
+    if value is None and name != "spread_seconds":
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidInput(f"{name} must be a whole number of at least {minimum}, not {value!r}")
+
+
+def _encoded_payload(payload: Any) -> str:
+    try:
+        encoded = json.dumps({} if payload is None else payload, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
+    if len(encoded.encode()) > _MAX_PAYLOAD_BYTES:
+        raise InvalidInput(f"payload is over the limit of {_MAX_PAYLOAD_BYTES} bytes of JSON")
+    return encoded
+
+
+def spread_offset(name: str, spread_seconds: int) -> int:
+    """Whole seconds in [0, spread_seconds), the same for a name on every host and run."""
+    if spread_seconds <= 0:
+        return 0
+    digest = hashlib.sha256(name.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % spread_seconds
+
+
+def idempotency_key(schedule_id: int, slot: datetime) -> str:
+    """'schedule:<id>:<slot in UTC, ISO-8601 to the second>', e.g. ...:2026-03-29T01:30:00+00:00."""
+    return f"schedule:{schedule_id}:{slot.astimezone(UTC).isoformat(timespec='seconds')}"
+
+
+def upsert(
+    conn_or_dsn: ConnOrDsn, spec: ScheduleSpec, now: datetime | None = None
+) -> dict[str, Any]:
+    """Create the schedule or change the one of that name; return its row.
+
+    next_run_at is recomputed from now when the cron expression or time zone
+    changes, and when a suspended schedule is resumed (the suspended period is
+    not replayed); otherwise slots already due stay due.
+    """
+    validate(spec)
+    encoded = _encoded_payload(spec.payload)
+    with connection(conn_or_dsn) as conn, conn.transaction():
+        tick = _now(conn, now)
+        params = {
+            **dataclasses.asdict(spec),
+            "payload": Jsonb(spec.payload, dumps=lambda _: encoded),
+            "next_run_at": _first_slot(spec.cron, spec.timezone, tick),
+            "now": now,
+        }
+        old = _one(conn, "schedule_lock_by_name", {"name": spec.name})
+        if old is None:
+            row = _one(conn, "schedule_insert", params)
+        else:
+            if not _timing_changed(old, spec):
+                params["next_run_at"] = old["next_run_at"]
+            row = _one(conn, "schedule_update", params)
+        _notify(conn, spec.name)
+    assert row is not None
+    return row
+
+
+def _timing_changed(old: dict[str, Any], spec: ScheduleSpec) -> bool:
+    resumed = old["suspend"] and not spec.suspend
+    return bool(resumed or old["cron"] != spec.cron or old["timezone"] != spec.timezone)
+
+
+def remove(conn_or_dsn: ConnOrDsn, name: str) -> bool:
+    """Delete the schedule; its jobs stay. False when there was none of that name."""
+    with connection(conn_or_dsn) as conn, conn.transaction():
+        gone = _one(conn, "schedule_delete", {"name": name}) is not None
+        if gone:
+            _notify(conn, name)
+    return gone
+
+
+def get(conn_or_dsn: ConnOrDsn, name: str) -> dict[str, Any] | None:
+    with connection(conn_or_dsn) as conn:
+        return _one(conn, "schedule_get", {"name": name})
+
+
+def list_all(conn_or_dsn: ConnOrDsn) -> list[dict[str, Any]]:
+    with connection(conn_or_dsn) as conn:
+        return fetch_all(conn, sql.query("schedule_list"))
+
+
+def set_suspended(
+    conn_or_dsn: ConnOrDsn, name: str, suspend: bool, now: datetime | None = None
+) -> dict[str, Any] | None:
+    """Suspend or resume; None when there is no schedule of that name."""
+    with connection(conn_or_dsn) as conn, conn.transaction():
+        old = _one(conn, "schedule_lock_by_name", {"name": name})
+        if old is None:
+            return None
+        fields = {f.name for f in dataclasses.fields(ScheduleSpec)}
+        spec = ScheduleSpec(**{k: v for k, v in old.items() if k in fields})
+        return upsert(conn, dataclasses.replace(spec, suspend=suspend), now=now)
+
+
+def _first_slot(expr: str, timezone: str, now: datetime) -> datetime:
+    slot = cron.Schedule(expr, timezone).next_slot(now)
+    if slot is None:  # pragma: no cover - validate() refuses expressions that never fire
+        raise InvalidInput(f"cron expression {expr!r} never fires")
+    return slot
+
+
+def _now(conn: Conn, now: datetime | None) -> datetime:
+    row = _one(conn, "database_now", {"now": now})
+    assert row is not None
+    value: datetime = row["now"]
+    return value
+
+
+def _one(conn: Conn, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    rows = fetch_all(conn, sql.query(name), params)
+    return rows[0] if rows else None
+
+
+def _notify(conn: Conn, name: str) -> None:
+    fetch_all(conn, sql.query("schedule_notify"), {"name": name})

@@ -1,0 +1,84 @@
+-- Recurring schedules: their rows, and turning due slots into jobs. Times
+-- compare against coalesce(%(now)s, now()) so tests can freeze the clock.
+
+-- name: database_now
+SELECT coalesce(%(now)s::timestamptz, now()) AS now
+
+-- name: schedule_lock_by_name
+SELECT * FROM rota.schedule WHERE name = %(name)s FOR UPDATE
+
+-- name: schedule_insert
+INSERT INTO rota.schedule (name, job_type, cron, timezone, payload, next_run_at, suspend,
+                           spread_seconds, concurrency_policy, starting_deadline_seconds,
+                           max_attempts, created_at, updated_at)
+VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(next_run_at)s,
+        %(suspend)s, %(spread_seconds)s, %(concurrency_policy)s, %(starting_deadline_seconds)s,
+        %(max_attempts)s, coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()))
+RETURNING *
+
+-- name: schedule_update
+UPDATE rota.schedule
+SET job_type = %(job_type)s, cron = %(cron)s, timezone = %(timezone)s, payload = %(payload)s,
+    next_run_at = %(next_run_at)s, suspend = %(suspend)s, spread_seconds = %(spread_seconds)s,
+    concurrency_policy = %(concurrency_policy)s,
+    starting_deadline_seconds = %(starting_deadline_seconds)s,
+    max_attempts = %(max_attempts)s, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE name = %(name)s
+RETURNING *
+
+-- name: schedule_delete
+DELETE FROM rota.schedule WHERE name = %(name)s RETURNING id
+
+-- name: schedule_get
+SELECT * FROM rota.schedule WHERE name = %(name)s
+
+-- name: schedule_list
+SELECT * FROM rota.schedule ORDER BY name
+
+-- name: schedule_notify
+-- Wakes sleeping schedulers (delivered when the transaction commits).
+SELECT pg_notify('rota_schedule', %(name)s)
+
+-- name: schedule_next_due
+-- Locks one due schedule; SKIP LOCKED lets other schedulers take the others.
+-- A row another scheduler has just advanced no longer passes the WHERE clause
+-- when it is re-checked under the lock, so a slot is never handled twice.
+SELECT s.*, coalesce(%(now)s::timestamptz, now()) AS tick
+FROM rota.schedule AS s
+WHERE NOT s.suspend AND s.next_run_at <= coalesce(%(now)s::timestamptz, now())
+ORDER BY s.next_run_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: schedule_previous_job_active
+-- Forbid: is the schedule's most recent job still waiting or running?
+SELECT coalesce(bool_or(status IN ('ready', 'running')), false) AS active
+FROM (SELECT status FROM rota.job WHERE schedule_id = %(schedule_id)s
+      ORDER BY slot DESC LIMIT 1) AS latest
+
+-- name: schedule_enqueue_slot
+-- The idempotency key makes a slot one job, whoever enqueues it how often.
+INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, schedule_id, slot,
+                      created_at)
+VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(schedule_id)s,
+        %(slot)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id
+
+-- name: schedule_advance
+UPDATE rota.schedule
+SET next_run_at = %(next_run_at)s,
+    last_slot = coalesce(%(last_slot)s, last_slot),
+    missed_slots = missed_slots + %(missed)s,
+    skipped_slots = skipped_slots + %(skipped)s
+WHERE id = %(id)s
+
+-- name: schedule_earliest_due
+-- How long a scheduler may sleep before the next slot comes due.
+SELECT min(next_run_at) - coalesce(%(now)s::timestamptz, now()) AS wait
+FROM rota.schedule
+WHERE NOT suspend
+
+-- name: schedule_listen
+LISTEN rota_schedule

@@ -1,0 +1,277 @@
+"""The scheduler against a real database, with the clock injected into SQL."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from rota import schedules
+from rota.errors import InvalidInput
+from rota.scheduler import Scheduler, SchedulerSettings
+from rota.schedules import ScheduleSpec
+
+Conn = psycopg.Connection[Any]
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def add(conn: Conn, now: datetime, **fields: Any) -> dict[str, Any]:
+    spec = ScheduleSpec(**{"name": "s", "job_type": "t", "cron": "0 * * * *", **fields})
+    return schedules.upsert(conn, spec, now=now)
+
+
+def slots(conn: Conn, schedule_id: int) -> list[datetime]:
+    rows = conn.execute(
+        "SELECT slot FROM rota.job WHERE schedule_id = %s ORDER BY slot", (schedule_id,)
+    ).fetchall()
+    return [r["slot"] for r in rows]
+
+
+def run_ticks(conn: Conn, start: datetime, end: datetime, step: timedelta) -> None:
+    scheduler = Scheduler()
+    now = start
+    while now <= end:
+        scheduler.run_once(conn, now=now)
+        now += step
+
+
+def test_upsert_get_list_remove(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 10, 20), payload={"a": 1}, spread_seconds=30)
+    assert row["next_run_at"] == utc(2026, 1, 1, 11)
+    assert schedules.get(conn, "s")["payload"] == {"a": 1}  # type: ignore[index]
+    assert [r["name"] for r in schedules.list_all(conn)] == ["rota/archive", "s"]
+    assert schedules.remove(conn, "s") is True
+    assert schedules.remove(conn, "s") is False
+    assert schedules.get(conn, "s") is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cron": "61 * * * *"}, "cron expression"),
+        ({"timezone": "Europe/Nowhere"}, "unknown time zone"),
+        ({"payload": {"x": "y" * 300_000}}, "payload"),
+        ({"concurrency_policy": "Replace"}, "concurrency policy"),
+        ({"spread_seconds": -1}, "spread_seconds"),
+        ({"starting_deadline_seconds": 0}, "starting_deadline_seconds"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"name": " "}, "name"),
+    ],
+)
+def test_invalid_spec_stores_nothing(conn: Conn, fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        add(conn, utc(2026, 1, 1), **fields)
+    assert conn.execute("SELECT count(*) AS n FROM rota.schedule").fetchone()["n"] == 1  # type: ignore[index]
+
+
+def test_day_of_five_minute_slots_through_five_racing_schedulers(db_url: str) -> None:
+    day = utc(2026, 6, 1)
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:  # type: ignore[arg-type]
+        ids = [
+            add(conn, day - timedelta(minutes=1), name=f"s{i}", cron="*/5 * * * *")["id"]
+            for i in range(3)
+        ]
+    ticks = [day + timedelta(seconds=150 * i) for i in range(576)]  # every 2.5 minutes
+    barrier = threading.Barrier(5)
+    errors: list[BaseException] = []
+
+    def instance(seed: int) -> None:
+        rng = random.Random(seed)
+        scheduler = Scheduler(SchedulerSettings())
+        try:
+            with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:  # type: ignore[arg-type]
+                for tick in ticks:
+                    barrier.wait(timeout=30)
+                    scheduler.run_once(c, now=tick + timedelta(milliseconds=rng.randint(0, 3000)))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=instance, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    expected = [day + timedelta(minutes=5 * i) for i in range(288)]
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:  # type: ignore[arg-type]
+        for schedule_id in ids:
+            assert slots(conn, schedule_id) == expected
+        rows = conn.execute(
+            "SELECT missed_slots FROM rota.schedule WHERE name LIKE 's%%'"
+        ).fetchall()
+        assert [r["missed_slots"] for r in rows] == [0, 0, 0]
+
+
+BERLIN_DAYS = [
+    ("30 2 * * *", utc(2026, 3, 28, 23), [utc(2026, 3, 29, 1)]),
+    ("30 2 * * *", utc(2026, 10, 24, 22), [utc(2026, 10, 25, 0, 30)]),
+    (
+        "0 * * * *",
+        utc(2026, 3, 28, 23),
+        [utc(2026, 3, 28, 23)] + [utc(2026, 3, 29, h) for h in range(0, 22)],
+    ),
+    (
+        "0 * * * *",
+        utc(2026, 10, 24, 22),
+        [utc(2026, 10, 24, 22), utc(2026, 10, 24, 23)] + [utc(2026, 10, 25, h) for h in range(23)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("expr", "midnight", "expected"), BERLIN_DAYS)
+def test_berlin_dst_days(
+    conn: Conn, expr: str, midnight: datetime, expected: list[datetime]
+) -> None:
+    """Local midnight to midnight of 2026-03-29 (23 h) and 2026-10-25 (25 h)."""
+    hours = 23 if midnight.month == 3 else 25
+    row = add(conn, midnight - timedelta(seconds=1), cron=expr, timezone="Europe/Berlin")
+    end = midnight + timedelta(hours=hours) - timedelta(seconds=1)
+    run_ticks(conn, midnight, end, timedelta(minutes=5))
+    assert slots(conn, row["id"]) == expected
+    keys = conn.execute(
+        "SELECT idempotency_key FROM rota.job WHERE schedule_id = %s ORDER BY slot", (row["id"],)
+    ).fetchall()
+    assert keys[0]["idempotency_key"] == schedules.idempotency_key(row["id"], expected[0])
+
+
+def test_downtime_enqueues_only_the_latest_slot(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 5))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 12, 30))  # down 09:00:05 - 12:30
+    assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9), utc(2026, 1, 1, 12)]
+    after = schedules.get(conn, "s")
+    assert after is not None
+    assert (after["missed_slots"], after["last_slot"]) == (2, utc(2026, 1, 1, 12))
+    assert after["next_run_at"] == utc(2026, 1, 1, 13)
+
+
+def test_starting_deadline_drops_a_slot_too_old(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30), starting_deadline_seconds=600)
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 5))
+    result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 12, 30))
+    assert (result.enqueued, result.missed) == (0, 3)
+    assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9)]
+    assert schedules.get(conn, "s")["missed_slots"] == 3  # type: ignore[index]
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 13, 9, 59))  # 599 s late: still in time
+    assert slots(conn, row["id"])[-1] == utc(2026, 1, 1, 13)
+
+
+def test_forbid_skips_while_the_previous_job_runs(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30), concurrency_policy="Forbid")
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+    conn.execute(
+        "UPDATE rota.job SET status = 'running', locked_by = 'w' WHERE schedule_id = %s",
+        (row["id"],),
+    )
+    for hour in (10, 11):
+        result = Scheduler().run_once(conn, now=utc(2026, 1, 1, hour, 0, 1))
+        assert (result.enqueued, result.skipped, result.missed) == (0, 1, 0)
+    conn.execute("UPDATE rota.job SET status = 'done' WHERE schedule_id = %s", (row["id"],))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 12, 0, 1))
+    assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9), utc(2026, 1, 1, 12)]
+    after = schedules.get(conn, "s")
+    assert after is not None
+    assert (after["skipped_slots"], after["missed_slots"]) == (2, 0)
+
+
+def test_allow_enqueues_beside_a_running_job(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+    conn.execute("UPDATE rota.job SET status = 'running' WHERE schedule_id = %s", (row["id"],))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 10, 0, 1))
+    assert len(slots(conn, row["id"])) == 2
+
+
+def test_suspend_and_resume_without_replay(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+    schedules.set_suspended(conn, "s", True, now=utc(2026, 1, 1, 9, 30))
+    run_ticks(conn, utc(2026, 1, 1, 9, 31), utc(2026, 1, 1, 14), timedelta(minutes=10))
+    assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9)]
+    resumed = schedules.set_suspended(conn, "s", False, now=utc(2026, 1, 1, 14, 20))
+    assert resumed is not None and resumed["next_run_at"] == utc(2026, 1, 1, 15)
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 14, 21))
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 15, 0, 1))
+    assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9), utc(2026, 1, 1, 15)]
+    assert schedules.get(conn, "s")["missed_slots"] == 0  # type: ignore[index]
+    assert schedules.set_suspended(conn, "nope", True) is None
+
+
+def test_spread_moves_run_at_not_the_slot(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30), name="spread-me", spread_seconds=600)
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+    job = conn.execute("SELECT slot, run_at, idempotency_key FROM rota.job").fetchone()
+    assert job is not None
+    offset = schedules.spread_offset("spread-me", 600)
+    assert 0 <= offset < 600
+    assert job["slot"] == utc(2026, 1, 1, 9)
+    assert job["run_at"] == utc(2026, 1, 1, 9) + timedelta(seconds=offset)
+    assert job["idempotency_key"] == f"schedule:{row['id']}:2026-01-01T09:00:00+00:00"
+
+
+def test_a_slot_handled_twice_is_still_one_job(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 8, 30), payload={"k": "v"}, max_attempts=4)
+    Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+    conn.execute(
+        "UPDATE rota.schedule SET next_run_at = %s WHERE id = %s", (utc(2026, 1, 1, 9), row["id"])
+    )
+    result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 2))
+    assert (result.schedules, result.enqueued) == (1, 0)
+    job = conn.execute("SELECT type, payload, max_attempts FROM rota.job").fetchall()
+    assert job == [{"type": "t", "payload": {"k": "v"}, "max_attempts": 4}]
+
+
+def test_changing_the_cron_recomputes_next_run(conn: Conn) -> None:
+    add(conn, utc(2026, 1, 1, 8, 30))
+    same = add(conn, utc(2026, 1, 1, 9, 30), payload={"new": True})
+    assert same["next_run_at"] == utc(2026, 1, 1, 9)  # still due, not skipped
+    changed = add(conn, utc(2026, 1, 1, 9, 30), cron="*/15 * * * *")
+    assert changed["next_run_at"] == utc(2026, 1, 1, 9, 45)
+
+
+def test_changes_are_notified(db_url: str, conn: Conn) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN rota_schedule")
+        add(conn, utc(2026, 1, 1))
+        schedules.remove(conn, "s")
+        names = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+    assert names == ["s", "s"]
+
+
+def test_builtin_archive_schedule_is_realigned(conn: Conn) -> None:
+    Scheduler().run_once(conn, now=utc(2030, 1, 1, 0, 2))
+    row = schedules.get(conn, "rota/archive")
+    assert row is not None and row["job_type"] == "rota.archive"
+    assert row["next_run_at"] == utc(2030, 1, 1, 0, 5)
+
+
+def test_loop_wakes_on_notify_and_stops(db_url: str, conn: Conn) -> None:
+    conn.execute("UPDATE rota.schedule SET suspend = true")
+    stop = threading.Event()
+    scheduler = Scheduler(SchedulerSettings(poll_interval_seconds=60))
+    thread = threading.Thread(target=scheduler.run, args=(db_url, stop))
+    thread.start()
+    try:
+        row = add(conn, None, cron="* * * * *")  # type: ignore[arg-type]
+        conn.execute(
+            "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now()) WHERE id = %s",
+            (row["id"],),
+        )
+        schedules.upsert(conn, ScheduleSpec("s", "t", "* * * * *", payload={"poke": 1}))
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while not slots(conn, row["id"]) and datetime.now(UTC) < deadline:
+            stop.wait(0.05)
+        assert len(slots(conn, row["id"])) == 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
