@@ -1,0 +1,130 @@
+{{/*
+Names and labels shared by every template.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "rota.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every resource name: fullnameOverride, or the release name plus the
+chart name unless the release name already contains it. Truncated to 63
+characters because some Kubernetes name fields are limited to that (DNS labels).
+*/}}
+{{- define "rota.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A component's name: "<fullname>-<component>", e.g. rota-operator. */}}
+{{- define "rota.componentName" -}}
+{{- printf "%s-%s" (include "rota.fullname" .root | trunc 50 | trimSuffix "-") .component }}
+{{- end }}
+
+{{/* chart label value: name-version. */}}
+{{- define "rota.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every resource. */}}
+{{- define "rota.labels" -}}
+helm.sh/chart: {{ include "rota.chart" . }}
+app.kubernetes.io/name: {{ include "rota.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rota
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select one component's pods; call with (dict "root" $ "component" "operator"). */}}
+{{- define "rota.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rota.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* All labels of one component's resources. */}}
+{{- define "rota.componentLabels" -}}
+{{ include "rota.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "rota.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rota.componentName" (dict "root" . "component" "operator")) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret that holds the database URL: the chart's own (database.url) or an existing one. */}}
+{{- define "rota.databaseSecretName" -}}
+{{- if .Values.database.url }}
+{{- include "rota.componentName" (dict "root" . "component" "database") }}
+{{- else }}
+{{- required "set database.existingSecret (a Secret holding the URL) or database.url (trials)" .Values.database.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* The ROTA_DATABASE_URL environment variable, read from the database Secret. */}}
+{{- define "rota.databaseEnv" -}}
+- name: ROTA_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "rota.databaseSecretName" . }}
+      key: {{ .Values.database.secretKey }}
+{{- end }}
+
+{{/* An image reference; call with (dict "root" $ "image" .Values.operator.image). */}}
+{{- define "rota.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* The pod-level fields every Rota pod shares. */}}
+{{- define "rota.podCommon" -}}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* /tmp as an emptyDir: the root filesystem is read-only. */}}
+{{- define "rota.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end }}
+{{- define "rota.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
