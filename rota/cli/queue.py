@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from rota import inspect
@@ -34,8 +35,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-payload-bytes",
         type=positive_int,
-        default=QueueSettings().max_payload_bytes,
-        help=argparse.SUPPRESS,
+        default=int(os.environ.get("ROTA_MAX_PAYLOAD_BYTES") or QueueSettings().max_payload_bytes),
+        help="largest payload accepted (default: ROTA_MAX_PAYLOAD_BYTES or 262144)",
     )
     p.set_defaults(func=cmd_enqueue)
 

@@ -1,0 +1,152 @@
+"""Enqueue: single and batch, idempotency keys, delays, the caller's transaction."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+from rota.errors import InvalidInput
+from rota.settings import QueueSettings
+
+
+def rows(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    return conn.execute("SELECT * FROM rota.job ORDER BY id").fetchall()  # type: ignore[return-value]
+
+
+def test_enqueue_one_job_with_defaults(conn: psycopg.Connection[Any]) -> None:
+    job_id = rota.enqueue(conn, "email.send", {"to": "a@example.com"})
+    [row] = rows(conn)
+    assert row["id"] == job_id
+    assert (row["type"], row["payload"], row["status"]) == ("email.send", {"to": "a@example.com"}, "ready")
+    assert (row["attempts"], row["max_attempts"], row["idempotency_key"]) == (0, 20, None)
+    assert row["run_at"] == row["created_at"]
+
+
+def test_duplicate_key_returns_the_existing_job(conn: psycopg.Connection[Any]) -> None:
+    first = rota.enqueue(conn, "t", {"n": 1}, key="order-42")
+    again = rota.enqueue(conn, "t", {"n": 2}, key="order-42")
+    assert again == first
+    assert [r["payload"] for r in rows(conn)] == [{"n": 1}]
+
+
+def test_batch_keeps_input_order_and_folds_duplicate_keys(conn: psycopg.Connection[Any]) -> None:
+    existing = rota.enqueue(conn, "t", key="k0")
+    ids = rota.enqueue_many(
+        conn,
+        [
+            rota.NewJob("t", {"i": 0}),
+            rota.NewJob("t", {"i": 1}, key="k0"),
+            rota.NewJob("t", {"i": 2}, key="k1"),
+            rota.NewJob("t", {"i": 3}, key="k1"),
+            rota.NewJob("t", {"i": 4}),
+        ],
+    )
+    assert ids[1] == existing
+    assert ids[2] == ids[3]
+    assert len(set(ids)) == 4
+    by_id = {r["id"]: r for r in rows(conn)}
+    assert by_id[ids[0]]["payload"] == {"i": 0}
+    assert by_id[ids[2]]["payload"] == {"i": 2}
+    assert by_id[ids[4]]["payload"] == {"i": 4}
+    assert len(by_id) == 4
+
+
+def test_batch_of_thousands(conn: psycopg.Connection[Any]) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("bulk", {"i": i}) for i in range(5000)])
+    assert len(set(ids)) == 5000
+    payloads = {r["id"]: r["payload"]["i"] for r in rows(conn)}
+    assert [payloads[i] for i in ids] == list(range(5000))
+
+
+def test_delay_and_run_at(conn: psycopg.Connection[Any]) -> None:
+    frozen = datetime(2030, 1, 1, tzinfo=UTC)
+    later = rota.enqueue(conn, "t", delay=90, now=frozen)
+    at = rota.enqueue(conn, "t", run_at=frozen + timedelta(hours=2), now=frozen)
+    by_id = {r["id"]: r for r in rows(conn)}
+    assert by_id[later]["run_at"] == frozen + timedelta(seconds=90)
+    assert by_id[at]["run_at"] == frozen + timedelta(hours=2)
+
+
+def test_max_attempts_per_job(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue(conn, "t", max_attempts=3)
+    assert rows(conn)[0]["max_attempts"] == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"delay": -1}, "negative"),
+        ({"max_attempts": 0}, "at least 1"),
+        ({"run_at": datetime(2030, 1, 1)}, "time zone"),
+        ({"key": ""}, "empty"),
+        ({"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),
+    ],
+)
+def test_invalid_jobs_are_refused_and_nothing_is_written(
+    conn: psycopg.Connection[Any], kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        rota.enqueue_many(conn, [rota.NewJob("ok"), rota.NewJob("t", **kwargs)])
+    assert rows(conn) == []
+
+
+def test_payload_size_limit(conn: psycopg.Connection[Any]) -> None:
+    settings = QueueSettings(max_payload_bytes=100)
+    with pytest.raises(InvalidInput, match="over the limit of 100 bytes"):
+        rota.enqueue(conn, "t", {"blob": "x" * 200}, settings=settings)
+    with pytest.raises(InvalidInput, match="JSON"):
+        rota.enqueue(conn, "t", {"when": datetime.now()})
+    assert rows(conn) == []
+
+
+def test_enqueue_inside_the_callers_transaction(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        with conn.transaction():
+            rota.enqueue(conn, "t", key="committed")
+        with pytest.raises(RuntimeError), conn.transaction():
+            rota.enqueue(conn, "t", key="rolled-back")
+            raise RuntimeError("business logic failed")
+        conn.commit()
+        keys = [r[0] for r in conn.execute("SELECT idempotency_key FROM rota.job").fetchall()]
+    assert keys == ["committed"]
+
+
+def test_nothing_is_committed_for_the_caller(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        rota.enqueue(conn, "t")
+        conn.rollback()
+        assert conn.execute("SELECT count(*) FROM rota.job").fetchone() == (0,)
+
+
+def test_concurrent_enqueues_of_one_key_make_one_row(db_url: str) -> None:
+    results: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def enqueue() -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            barrier.wait()
+            results.append(rota.enqueue(conn, "t", key="same"))
+
+    threads = [threading.Thread(target=enqueue) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM rota.job").fetchone() == (1,)
+
+
+def test_a_ready_job_notifies_idle_workers(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN rota_jobs")
+        rota.enqueue(db_url, "future", delay=3600)
+        assert list(listener.notifies(timeout=0.3)) == []
+        rota.enqueue(db_url, "now")
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in notes] == ["rota_jobs"]

@@ -1,0 +1,194 @@
+"""Claiming, leases, outcomes and the reaper, with the clock injected."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+import rota
+from rota import claim as claims
+from rota.claim import Finish
+from rota.inspect import queue_age, retry_dead
+from rota.reaper import Reaper
+from rota.settings import ReaperSettings
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    return conn.execute("SELECT * FROM rota.job WHERE id = %s", (job_id,)).fetchone()  # type: ignore[return-value]
+
+
+def test_claim_marks_running_with_a_lease_and_counts_the_attempt(conn: psycopg.Connection[Any]) -> None:
+    job_id = rota.enqueue(conn, "t", now=T0)
+    [job] = claims.claim(conn, "w1", 10, 30, now=at(1))
+    assert (job.id, job.attempts, job.locked_by) == (job_id, 1, "w1")
+    r = row(conn, job_id)
+    assert (r["status"], r["locked_by"], r["locked_until"], r["started_at"]) == (
+        "running", "w1", at(31), at(1))
+
+
+def test_claim_respects_run_at_types_and_limit(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("a") for _ in range(5)], now=T0)
+    rota.enqueue(conn, "b", now=T0)
+    rota.enqueue(conn, "a", delay=60, now=T0)
+    assert claims.claim(conn, "w", 10, 30, types=["zzz"], now=at(1)) == []
+    got = claims.claim(conn, "w", 3, 30, types=["a"], now=at(1))
+    assert [j.type for j in got] == ["a"] * 3
+    rest = claims.claim(conn, "w", 10, 30, now=at(1))
+    assert sorted(j.type for j in rest) == ["a", "a", "b"]  # the delayed one waits
+    assert [j.type for j in claims.claim(conn, "w", 10, 30, now=at(61))] == ["a"]
+
+
+def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
+    rota.enqueue_many(db_url, [rota.NewJob("t") for _ in range(2000)])
+    claimed: list[list[int]] = [[] for _ in range(6)]
+
+    def claimer(n: int) -> None:
+        with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:  # type: ignore[arg-type]
+            while jobs := claims.claim(c, f"w{n}", 25, 30):
+                claimed[n].extend(j.id for j in jobs)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [i for ids in claimed for i in ids]
+    assert len(everything) == 2000 == len(set(everything))
+    assert sum(1 for ids in claimed if ids) > 1
+
+
+def test_heartbeat_extends_only_leases_still_held(conn: psycopg.Connection[Any]) -> None:
+    a, b = rota.enqueue_many(conn, [rota.NewJob("t"), rota.NewJob("t")], now=T0)
+    claims.claim(conn, "w1", 10, 30, now=at(0))
+    conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (b,))
+    kept = claims.extend_leases(conn, "w1", {a: 1, b: 1}, 30, now=at(20))
+    assert kept == {a}
+    assert row(conn, a)["locked_until"] == at(50)
+
+
+def test_outcomes(conn: psycopg.Connection[Any]) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=m) for m in (5, 5, 5, 1, 5)], now=T0)
+    claims.claim(conn, "w", 10, 30, now=at(0))
+    written = claims.finish(conn, "w", [
+        Finish(ids[0], 1, "done"),
+        Finish(ids[1], 1, "failed", error="Permanent: bad payload"),
+        Finish(ids[2], 1, "retry", 10, "ValueError: x"),
+        Finish(ids[3], 1, "retry", 10, "ValueError: y"),
+        Finish(ids[4], 1, "release", 0, "Released: worker shut down"),
+    ], now=at(5))
+    assert {w.job_id: w.status for w in written} == {
+        ids[0]: "done", ids[1]: "failed", ids[2]: "ready", ids[3]: "dead", ids[4]: "ready"}
+    assert row(conn, ids[0])["finished_at"] == at(5)
+    retried = row(conn, ids[2])
+    assert (retried["run_at"], retried["attempts"], retried["last_error"]) == (at(15), 1, "ValueError: x")
+    assert row(conn, ids[3])["finished_at"] == at(5)
+    released = row(conn, ids[4])
+    assert (released["attempts"], released["run_at"]) == (0, at(5))
+
+
+def test_a_late_finisher_whose_lease_was_taken_changes_nothing(conn: psycopg.Connection[Any]) -> None:
+    job_id = rota.enqueue(conn, "t", now=T0)
+    claims.claim(conn, "slow", 1, 30, now=at(0))
+    Reaper().run_once(conn, now=at(31))
+    [again] = claims.claim(conn, "fast", 1, 30, now=at(32))
+    assert again.attempts == 2
+    assert claims.finish(conn, "slow", [Finish(job_id, 1, "done")], now=at(40)) == []
+    assert row(conn, job_id)["status"] == "running"
+    assert claims.finish(conn, "fast", [Finish(job_id, 2, "done")], now=at(41))
+    assert row(conn, job_id)["status"] == "done"
+
+
+def test_reaper_requeues_expired_leases_and_counts_them_by_hour(conn: psycopg.Connection[Any]) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=m) for m in (3, 1, 3)], now=T0)
+    claims.claim(conn, "w", 10, 30, now=at(0))
+    claims.extend_leases(conn, "w", {ids[2]: 1}, 600, now=at(10))
+    result = Reaper().run_once(conn, now=at(31))
+    assert (result.requeued, result.dead) == ([ids[0]], [ids[1]])
+    assert row(conn, ids[0])["status"] == "ready"
+    assert "LeaseExpired" in row(conn, ids[0])["last_error"]
+    assert row(conn, ids[1])["status"] == "dead"
+    assert row(conn, ids[2])["status"] == "running"
+    assert Reaper().run_once(conn, now=at(32)).count == 0
+    hours = conn.execute("SELECT hour, count FROM rota.lease_expiration").fetchall()
+    assert hours == [{"hour": T0, "count": 2}]
+
+
+def test_reaper_works_in_capped_batches_and_many_reapers_do_not_double(db_url: str) -> None:
+    rota.enqueue_many(db_url, [rota.NewJob("t") for _ in range(1000)], now=T0)
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:  # type: ignore[arg-type]
+        claims.claim(c, "w", 1000, 30, now=at(0))
+    results = []
+
+    def reap() -> None:
+        results.append(Reaper(ReaperSettings(batch_size=37)).run_once(db_url, now=at(60)))
+
+    threads = [threading.Thread(target=reap) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reset = [i for r in results for i in r.requeued]
+    assert len(reset) == 1000 == len(set(reset))
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT sum(count) FROM rota.lease_expiration").fetchone() == (1000,)
+        assert c.execute("SELECT count(*) FROM rota.job WHERE status = 'ready'").fetchone() == (1000,)
+
+
+def test_dead_jobs_come_back_with_fresh_attempts(conn: psycopg.Connection[Any]) -> None:
+    a, b, c = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=1) for _ in range(3)], now=T0)
+    claims.claim(conn, "w", 10, 30, now=at(0))
+    claims.finish(conn, "w", [Finish(i, 1, "retry", 1, "boom") for i in (a, b)] + [Finish(c, 1, "done")], now=at(1))
+    assert retry_dead(conn, [a, c], now=at(2)) == [a]
+    r = row(conn, a)
+    assert (r["status"], r["attempts"], r["run_at"], r["last_error"]) == ("ready", 0, at(2), "boom")
+    assert retry_dead(conn, all_dead=True, now=at(3)) == [b]
+    assert row(conn, c)["status"] == "done"
+
+
+def test_queue_age_counts_only_jobs_that_could_run(conn: psycopg.Connection[Any]) -> None:
+    assert queue_age(conn, now=T0).ready_jobs == 0
+    rota.enqueue(conn, "a", now=T0)
+    rota.enqueue(conn, "b", now=at(30))
+    rota.enqueue(conn, "a", delay=600, now=T0)
+    age = queue_age(conn, now=at(100))
+    assert (age.oldest_ready_age_seconds, age.ready_jobs) == (100, 2)
+    assert queue_age(conn, ["b"], now=at(100)).oldest_ready_age_seconds == 70
+
+
+def test_complete_in_the_handlers_own_transaction(db_url: str) -> None:
+    rota.enqueue(db_url, "t", key="order-1", now=T0)
+    with psycopg.connect(db_url, row_factory=dict_row) as c:  # type: ignore[arg-type]
+        c.execute("CREATE TABLE shipped (key text PRIMARY KEY)")
+        [job] = claims.claim(c, "w", 1, 30, now=at(0))
+        c.commit()
+        with c.transaction():
+            c.execute("INSERT INTO shipped VALUES (%s)", (job.effect_key,))
+            assert rota.complete(c, job, now=at(1))
+        assert c.execute("SELECT status FROM rota.job").fetchone() == {"status": "done"}
+        # A rerun that lost its lease cannot complete, so its effect rolls back.
+        stale = job
+        with pytest.raises(RuntimeError), c.transaction():
+            c.execute("INSERT INTO shipped VALUES ('again')")
+            if not rota.complete(c, stale, now=at(2)):
+                raise RuntimeError("lease lost")
+        assert c.execute("SELECT count(*) AS n FROM shipped").fetchone() == {"n": 1}
+
+
+def test_effect_markers_make_a_rerun_skip_the_effect(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue(conn, "t", key="invoice-7")
+    [job] = claims.claim(conn, "w", 1, 30)
+    assert rota.record_effect(conn, job, "charge", {"amount": 10})
+    assert not rota.record_effect(conn, job, "charge", {"amount": 10})
+    assert rota.effect_result(conn, job, "charge") == {"amount": 10}
+    assert rota.effect_result(conn, job, "refund") is None

@@ -1,0 +1,88 @@
+"""Backoff and error descriptions: the pure parts of retrying."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rota.errors import Permanent, Retry
+from rota.jobs import Job, Status
+from rota.retry import backoff_seconds, describe_error
+from rota.settings import BackoffSettings
+from rota_worker.execute import outcome_of_error
+
+NO_JITTER = BackoffSettings(base_seconds=1, cap_seconds=60, jitter=0)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "expected"), [(1, 1), (2, 2), (3, 4), (6, 32), (7, 60), (50, 60), (10_000, 60)]
+)
+def test_backoff_doubles_then_caps(attempts: int, expected: float) -> None:
+    assert backoff_seconds(attempts, NO_JITTER) == expected
+
+
+def test_jitter_stays_within_its_band_and_under_the_cap() -> None:
+    settings = BackoffSettings(base_seconds=10, cap_seconds=100, jitter=0.25)
+    rng = random.Random(7)
+    delays = [backoff_seconds(2, settings, rng) for _ in range(500)]
+    assert all(15 <= d <= 25 for d in delays)
+    assert len({round(d, 3) for d in delays}) > 100  # really spread
+    capped = [backoff_seconds(30, settings, rng) for _ in range(200)]
+    assert all(75 <= d <= 100 for d in capped)
+
+
+def test_invalid_backoff_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        BackoffSettings(base_seconds=10, cap_seconds=1)
+    with pytest.raises(ValueError):
+        BackoffSettings(jitter=2)
+
+
+def _raise(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001
+        return caught
+
+
+def test_error_description_keeps_type_message_and_innermost_frames() -> None:
+    def deep(n: int) -> None:
+        if n == 0:
+            raise KeyError("missing-field")
+        deep(n - 1)
+
+    try:
+        deep(300)
+    except KeyError as exc:
+        text = describe_error(exc, limit=2000)
+    assert text.startswith("KeyError: 'missing-field'")
+    assert len(text) <= 2000
+    assert 'raise KeyError("missing-field")' in text  # the innermost frame survives trimming
+
+
+def _job(attempts: int = 1) -> Job:
+    from datetime import UTC, datetime
+
+    return Job(1, "t", {}, None, Status.RUNNING, datetime.now(UTC), attempts, 5)
+
+
+def test_outcomes_of_handler_errors() -> None:
+    assert outcome_of_error(_job(), _raise(Permanent("bad payload")), NO_JITTER).outcome == "failed"
+    retry = outcome_of_error(_job(), _raise(Retry(delay=42)), NO_JITTER)
+    assert (retry.outcome, retry.delay) == ("retry", 42)
+    plain = outcome_of_error(_job(3), _raise(ValueError("x")), NO_JITTER)
+    assert (plain.outcome, plain.delay) == ("retry", 4)
+    assert plain.error is not None and plain.error.startswith("ValueError: x")
+
+
+def test_database_outage_under_a_handler_is_not_an_attempt() -> None:
+    import psycopg
+
+    finish = outcome_of_error(_job(), _raise(psycopg.OperationalError("gone")), NO_JITTER)
+    assert finish.outcome == "release"
+
+
+def test_retry_refuses_negative_delay() -> None:
+    with pytest.raises(ValueError):
+        Retry(delay=-1)

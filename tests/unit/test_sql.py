@@ -1,0 +1,28 @@
+"""The named-query loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from rota import sql
+
+
+def test_parse_splits_named_blocks() -> None:
+    text = "-- name: a\nSELECT 1;\n\n-- name: b\n-- a comment\nSELECT 2\n"
+    assert sql.parse(text) == {"a": "SELECT 1", "b": "-- a comment\nSELECT 2"}
+
+
+def test_duplicate_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        sql.parse("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+def test_every_shipped_query_loads_and_unknown_names_fail() -> None:
+    assert "FOR UPDATE SKIP LOCKED" in sql.query("claim_jobs")
+    with pytest.raises(KeyError):
+        sql.query("no_such_query")
+
+
+def test_migrations_are_numbered_without_gaps() -> None:
+    numbers = [number for number, _, _ in sql.migrations()]
+    assert numbers == list(range(1, len(numbers) + 1))
