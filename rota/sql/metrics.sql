@@ -1,0 +1,65 @@
+-- Queries behind rota.metrics and `rota status`. Each one must stay cheap on a
+-- table of millions of done rows: they read the partial indexes of the few
+-- ready, running, failed and dead rows, and small side tables, never every row
+-- of rota.job (tests/integration/test_metrics.py checks the plans).
+
+-- name: metrics_job_counts
+-- One row per (status, type): the number of jobs, and for ready jobs the number
+-- due (run_at <= now) and the age in seconds of the oldest due one (0 if none).
+-- Done counts come from the trigger-kept rota.job_done_count.
+SELECT 'ready' AS status, type, count(*) AS jobs,
+       count(*) FILTER (WHERE run_at <= coalesce(%(now)s::timestamptz, now())) AS due,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now())
+                                   - min(run_at) FILTER (
+                                         WHERE run_at <= coalesce(%(now)s::timestamptz, now()))),
+                0)::float8 AS oldest_ready_age_seconds
+FROM rota.job
+WHERE status = 'ready'
+GROUP BY type
+UNION ALL
+SELECT 'running', type, count(*), 0, 0
+FROM rota.job
+WHERE status = 'running'
+GROUP BY type
+UNION ALL
+SELECT status, type, count(*), 0, 0
+FROM rota.job
+WHERE status IN ('failed', 'dead')
+GROUP BY status, type
+UNION ALL
+SELECT 'done', type, sum(count)::bigint, 0, 0
+FROM rota.job_done_count
+GROUP BY type
+HAVING sum(count) <> 0
+
+-- name: metrics_lease_expirations
+-- Lease expirations counted by the reaper per UTC hour: the total ever, the
+-- current hour so far, the whole previous hour, and the last 24 hours.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           date_trunc('hour', coalesce(%(now)s::timestamptz, now()), 'UTC') AS hour
+)
+SELECT c.now,
+       coalesce(sum(e.count), 0)::bigint AS total,
+       coalesce(sum(e.count) FILTER (WHERE e.hour = c.hour), 0)::bigint AS current_hour,
+       coalesce(sum(e.count) FILTER (WHERE e.hour = c.hour - interval '1 hour'),
+                0)::bigint AS previous_hour,
+       coalesce(sum(e.count) FILTER (WHERE e.hour > c.now - interval '24 hours'
+                                       AND e.hour <= c.now), 0)::bigint AS last_24h
+FROM clock AS c
+LEFT JOIN rota.lease_expiration AS e ON true
+GROUP BY c.now, c.hour
+
+-- name: metrics_lease_expirations_by_hour
+-- The hourly buckets of the last 24 hours that saw an expiration, oldest first.
+SELECT hour, count
+FROM rota.lease_expiration
+WHERE hour > coalesce(%(now)s::timestamptz, now()) - interval '24 hours'
+  AND hour <= coalesce(%(now)s::timestamptz, now())
+ORDER BY hour
+
+-- name: metrics_schedules
+-- Slots every schedule missed (all schedulers down) or skipped (Forbid policy).
+SELECT name, job_type, suspend, missed_slots, skipped_slots, next_run_at
+FROM rota.schedule
+ORDER BY name

@@ -1,0 +1,94 @@
+-- Support for cheap metrics (rota.metrics): nothing here may make a scrape read
+-- every row of rota.job.
+
+-- Done rows per type, kept by triggers, because counting millions of done rows
+-- on every scrape is exactly the full scan the metrics must never need. Ready,
+-- running, failed and dead rows are few and are counted exactly through their
+-- partial indexes instead. Each type has up to 16 shard rows (chosen by the
+-- backend's pid) so workers finishing jobs of one type at once do not queue on
+-- one counter row; a reader sums the shards.
+CREATE TABLE rota.job_done_count (
+    type  text    NOT NULL,
+    shard integer NOT NULL,
+    count bigint  NOT NULL,
+    PRIMARY KEY (type, shard)
+);
+
+CREATE FUNCTION rota.job_done_count_add(job_type text, delta bigint) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO rota.job_done_count (type, shard, count)
+    VALUES (job_type, mod(pg_backend_pid(), 16), delta)
+    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count
+$$;
+
+-- Row level, and only for rows entering or leaving done (the WHEN clauses), so
+-- claims and heartbeats never call it.
+CREATE FUNCTION rota.job_done_count_row() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        IF OLD.status = 'done' THEN
+            PERFORM rota.job_done_count_add(OLD.type, -1);
+        END IF;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        IF NEW.status = 'done' THEN
+            PERFORM rota.job_done_count_add(NEW.type, 1);
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Archiving deletes done rows in large batches: one upsert per type and
+-- statement, from the transition table, instead of one per row.
+CREATE FUNCTION rota.job_done_count_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rota.job_done_count (type, shard, count)
+    SELECT type, mod(pg_backend_pid(), 16), -count(*)
+    FROM gone_rows
+    WHERE status = 'done'
+    GROUP BY type
+    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION rota.job_done_count_truncated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM rota.job_done_count;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_done_count_insert
+    AFTER INSERT ON rota.job
+    FOR EACH ROW WHEN (NEW.status = 'done')
+    EXECUTE FUNCTION rota.job_done_count_row();
+
+CREATE TRIGGER job_done_count_update
+    AFTER UPDATE ON rota.job
+    FOR EACH ROW WHEN ((OLD.status = 'done' OR NEW.status = 'done')
+                       AND (OLD.status IS DISTINCT FROM NEW.status
+                            OR OLD.type IS DISTINCT FROM NEW.type))
+    EXECUTE FUNCTION rota.job_done_count_row();
+
+CREATE TRIGGER job_done_count_delete
+    AFTER DELETE ON rota.job
+    REFERENCING OLD TABLE AS gone_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_deleted();
+
+CREATE TRIGGER job_done_count_truncate
+    AFTER TRUNCATE ON rota.job
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_truncated();
+
+-- Done rows that exist already. The triggers above hold a lock on rota.job
+-- until this transaction commits, so no row is counted twice or missed.
+INSERT INTO rota.job_done_count (type, shard, count)
+SELECT type, 0, count(*) FROM rota.job WHERE status = 'done' GROUP BY type;
+
+-- Failed and dead rows per type from the index alone (index-only scans);
+-- the rows are few and rarely written, so the index costs next to nothing.
+CREATE INDEX job_failed_type_idx ON rota.job (status, type) WHERE status IN ('failed', 'dead');
