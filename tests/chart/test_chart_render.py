@@ -1,0 +1,221 @@
+"""The chart lints clean, renders valid Kubernetes objects and rejects typos.
+
+Built-in kinds are validated offline by kubernetes-validate (bundled OpenAPI
+schemas, strict: unknown fields fail). Our own kinds are validated against the
+CRDs in crds/. The Prometheus operator's and kopf's kinds have no schema here and
+are skipped by name, on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from chart_support import ALL_OPTIONS, CHART, ROOT, Render, run_helm, template_text
+
+KUBERNETES_VALIDATE = ROOT / ".venv" / "bin" / "kubernetes-validate"
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest tested.
+KUBE_VERSIONS = ["1.27.0", "1.33.0"]
+OUR_KINDS = {"WorkerPool", "JobSchedule"}
+# Kinds whose schemas ship with other projects (Prometheus operator, kopf), not with
+# kubernetes-validate or this repository: only their rendering is checked here.
+FOREIGN_KINDS = {
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+    "KopfPeering",
+    "ClusterKopfPeering",
+}
+VALUE_SETS = {
+    "defaults": {},
+    "all-options": {"values": [ALL_OPTIONS]},
+    "worker-and-monitoring": {
+        "sets": ["worker.enabled=true", "metrics.serviceMonitor.enabled=true"],
+        "api_versions": ["monitoring.coreos.com/v1/PrometheusRule"],
+    },
+    "cluster-peering": {"sets": ["operator.peering.enabled=true", "operator.replicas=2"]},
+}
+
+
+def test_helm_lint_strict(helm: Path) -> None:
+    for extra in ([], ["--values", str(ALL_OPTIONS)]):
+        done = run_helm(helm, "lint", "--strict", str(CHART), *extra)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_rendered_objects_pass_kubernetes_validate(helm: Path, name: str) -> None:
+    if not KUBERNETES_VALIDATE.exists():
+        pytest.skip("kubernetes-validate is not installed in .venv (a dev dependency)")
+    options = VALUE_SETS[name]
+    text = template_text(helm, **options)
+    for version in KUBE_VERSIONS:
+        command = [str(KUBERNETES_VALIDATE), "--strict", "--quiet", "-k", version, "-"]
+        done = subprocess.run(command, input=text, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        unknown = set(re.findall(r"Couldn't find schema for kind (\w+)", done.stdout))
+        assert unknown <= OUR_KINDS | FOREIGN_KINDS, f"kinds nobody validates: {unknown}"
+        assert "ERROR" not in done.stdout, done.stdout
+
+
+def _crd_schema(kind: str) -> dict[str, Any]:
+    for path in (ROOT / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind:
+            (version,) = crd["spec"]["versions"]
+            return version["schema"]["openAPIV3Schema"]
+    raise AssertionError(f"no CRD for {kind} in crds/")
+
+
+def test_our_kinds_match_their_crds(render: Render) -> None:
+    rendered = [o for o in render(values=[ALL_OPTIONS]) if o["kind"] in OUR_KINDS]
+    assert rendered, "the all-options render should hold a WorkerPool"
+    for obj in rendered:
+        validator = jsonschema.Draft4Validator(_crd_schema(obj["kind"]))
+        assert [e.message for e in validator.iter_errors(obj)] == []
+
+
+def test_the_workerpool_targets_the_worker_deployment(render: Render) -> None:
+    objects = render(values=[ALL_OPTIONS])
+    (pool,) = [o for o in objects if o["kind"] == "WorkerPool"]
+    deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+    target = deployments[pool["spec"]["scaleTargetRef"]["name"]]
+    assert "replicas" not in target["spec"], "the operator, not helm, owns the replicas"
+    assert pool["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+
+
+def test_unknown_values_are_rejected(helm: Path) -> None:
+    for typo in ["worker.enabeld=true", "operator.image.tga=1", "metrics.dashbord.enabled=true"]:
+        done = run_helm(helm, "template", "rota", str(CHART), "--set", typo)
+        assert done.returncode != 0 and "not allowed" in done.stderr, typo
+
+
+def test_schema_forbids_unknown_keys_everywhere() -> None:
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    open_objects = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if "properties" in node and node.get("additionalProperties") is not False:
+                open_objects.append(path)
+            for key, child in node.items():
+                walk(child, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                walk(child, f"{path}/{i}")
+
+    walk(schema, "#")
+    assert open_objects == []
+
+
+def _value_paths(node: Any, prefix: str = "") -> list[str]:
+    paths = []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            paths.append(f"{prefix}{key}")
+            if isinstance(child, dict) and child:
+                paths += _value_paths(child, f"{prefix}{key}.")
+    return paths
+
+
+def test_every_default_value_is_in_the_schema() -> None:
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    defs = schema["$defs"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in _value_paths(values):
+        node = schema
+        for part in path.split("."):
+            if "$ref" in node:
+                node = defs[node["$ref"].rsplit("/", 1)[1]]
+            props = node.get("properties")
+            extra = node.get("additionalProperties")
+            assert (props is not None and part in props) or isinstance(extra, dict), path
+            node = props[part] if props and part in props else extra
+
+
+def test_every_key_in_values_yaml_has_a_comment_above_it() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    missing = []
+    for number, line in enumerate(lines):
+        if re.match(r"^\s*[A-Za-z_][\w.-]*:", line):
+            above = lines[number - 1].strip() if number else ""
+            if not above.startswith("#"):
+                missing.append(f"line {number + 1}: {line.strip()}")
+    assert missing == []
+
+
+def test_every_container_is_locked_down(render: Render) -> None:
+    for obj in render(values=[ALL_OPTIONS]):
+        pod = _pod_spec(obj)
+        if pod is None:
+            continue
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert container["resources"]["requests"], container["name"]
+
+
+def test_long_running_containers_have_probes_on_the_metrics_port(render: Render) -> None:
+    objects = render(values=[ALL_OPTIONS])
+    probed = {"operator": "/healthz", "worker": "/readyz"}
+    for obj in objects:
+        component = obj["metadata"]["labels"].get("app.kubernetes.io/component")
+        if obj["kind"] != "Deployment" or component not in probed:
+            continue
+        (container,) = _pod_spec(obj)["containers"]
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"]["path"] == probed[component]
+        assert container["ports"][0]["name"] == "metrics"
+
+
+def test_database_url_comes_from_the_secret(render: Render) -> None:
+    for values, secret in [([], "rota-database"), ([ALL_OPTIONS], "rota-all-database")]:
+        for obj in render(values=values):
+            pod = _pod_spec(obj)
+            for container in (pod or {}).get("containers", []):
+                (env,) = [e for e in container["env"] if e["name"] == "ROTA_DATABASE_URL"]
+                assert env["valueFrom"]["secretKeyRef"]["name"] == secret
+
+
+def test_migrations_run_before_install_and_upgrade(render: Render) -> None:
+    objects = render(values=[ALL_OPTIONS])
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["rota", "migrate"]
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    secret_weight = int(secret["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert secret_weight < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+
+
+def test_prometheus_rule_follows_the_cluster_in_auto_mode(render: Render) -> None:
+    assert not [o for o in render() if o["kind"] == "PrometheusRule"]
+    with_crds = render(api_versions=["monitoring.coreos.com/v1/PrometheusRule"])
+    (rule,) = [o for o in with_crds if o["kind"] == "PrometheusRule"]
+    assert isinstance(rule["spec"]["groups"], list)
+
+
+def test_dashboard_configmap_carries_the_dashboard(render: Render) -> None:
+    (config,) = [o for o in render(values=[ALL_OPTIONS]) if o["kind"] == "ConfigMap"]
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = yaml.safe_load((CHART / "files" / "dashboard.json").read_text())
+    assert yaml.safe_load(config["data"]["rota.json"]) == shipped
+
+
+def test_more_than_one_operator_needs_peering(helm: Path) -> None:
+    done = run_helm(helm, "template", "rota", str(CHART), "--set", "operator.replicas=2")
+    assert done.returncode != 0 and "peering" in done.stderr
+
+
+def _pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    if obj["kind"] in {"Deployment", "Job"}:
+        spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+        return spec
+    return None
