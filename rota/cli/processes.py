@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -86,6 +87,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     dsn = database_url()
     require_current(dsn)
     Worker(dsn, settings).run(install_signals=True)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
+        # Sync handlers still running past the grace period were given back;
+        # their threads cannot be interrupted, and must not hold the exit.
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 

@@ -1,0 +1,61 @@
+"""Handlers the acceptance tests run in real `rota worker` processes.
+
+Each reads what it needs from the job and from ROTA_DATABASE_URL, like a user's
+handler module would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psycopg
+
+import rota
+
+DSN = os.environ.get("ROTA_DATABASE_URL", "")
+
+
+@rota.handler("effect")
+def record_effect(job: rota.Job) -> None:
+    """Write the job's effect and complete the job in one transaction of our own."""
+    with psycopg.connect(DSN) as conn, conn.transaction():
+        conn.execute(
+            "INSERT INTO effects (key, job_id, attempt) VALUES (%s, %s, %s)",
+            (job.effect_key, job.id, job.attempts),
+        )
+        if not rota.complete(conn, job):
+            raise RuntimeError("lease lost: effect rolled back")
+
+
+@rota.handler("noop")
+async def noop(job: rota.Job) -> None:
+    return None
+
+
+@rota.handler("always.fails")
+def always_fails(job: rota.Job) -> None:
+    raise ValueError(f"cannot process {job.payload!r}")
+
+
+@rota.handler("hang.first")
+def hang_on_first_attempt(job: rota.Job) -> None:
+    """The first attempt hangs (its worker will be killed); later ones succeed."""
+    if job.attempts == 1:
+        time.sleep(3600)
+
+
+@rota.handler("gated")
+def wait_for_gate(job: rota.Job) -> None:
+    """Runs until the test opens the gate row for this job, then succeeds."""
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO started (job_id, attempt) VALUES (%s, %s)", (job.id, job.attempts)
+        )
+        while not conn.execute("SELECT 1 FROM gate WHERE job_id = %s", (job.id,)).fetchone():
+            time.sleep(0.05)
+
+
+@rota.handler("slow")
+def slow(job: rota.Job) -> None:
+    time.sleep(float(job.payload.get("seconds", 0.05)))

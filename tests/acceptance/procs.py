@@ -1,0 +1,71 @@
+"""Running `rota` as users do: subprocesses with ROTA_DATABASE_URL set."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+
+def env_for(db_url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, ROTA_DATABASE_URL=db_url, PYTHONPATH=str(HERE), **extra)
+    env.pop("PGHOST", None)
+    return env
+
+
+def rota(db_url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rota", *args],
+        env=env_for(db_url, **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+class WorkerProcess:
+    def __init__(self, db_url: str, *args: str, prelude: str = "", log: Path | None = None) -> None:
+        code = f"{prelude}\nfrom rota.cli import run\nrun()"
+        argv = [sys.executable, "-c", code, "worker", "--handlers", "app_handlers", *args]
+        self.log_path = log
+        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv, env=env_for(db_url), stdout=out, stderr=subprocess.STDOUT
+        )
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.log_path.read_text() if self.log_path else ""
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+        try:
+            return self.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    """Poll `condition` until it returns something truthy, or fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
