@@ -28,8 +28,10 @@ CREATE INDEX job_archive_archived_idx ON rota.job_archive (archived_at);
 -- The built-in schedule that runs the archiver, on by default. Operators
 -- change it like any schedule (`rota schedule add rota/archive ...` with new
 -- settings in the payload, or `rota schedule suspend rota/archive`). Its
--- next_run_at is "now": the first scheduler tick moves it to the next slot.
+-- next_run_at is the first slot of '*/5 * * * *' after now.
 INSERT INTO rota.schedule (name, job_type, cron, timezone, payload, next_run_at,
                            concurrency_policy, max_attempts)
-VALUES ('rota/archive', 'rota.archive', '*/5 * * * *', 'UTC', '{}'::jsonb, now(),
+VALUES ('rota/archive', 'rota.archive', '*/5 * * * *', 'UTC', '{}'::jsonb,
+        date_trunc('hour', now())
+            + make_interval(mins => (extract(minute FROM now())::int / 5 + 1) * 5),
         'Forbid', 3);

@@ -1,0 +1,171 @@
+"""The archiver: capped batches, no job lost or doubled while workers claim."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import archive, handlers
+from rota.archive import Archiver, ArchiveSettings
+from rota.enqueue import enqueue
+from rota.errors import InvalidInput, Permanent
+from rota.jobs import Job
+from rota.scheduler import Scheduler
+
+Conn = psycopg.Connection[Any]
+NOW = datetime(2026, 5, 1, tzinfo=UTC)
+
+
+def finished(
+    conn: Conn, status: str, age: timedelta, count: int = 1, now: datetime | None = NOW
+) -> None:
+    conn.execute(
+        "INSERT INTO rota.job (type, status, finished_at, attempts)"
+        " SELECT 't', %s, coalesce(%s, now()) - %s, 1 FROM generate_series(1, %s)",
+        (status, now, age, count),
+    )
+
+
+def count(conn: Conn, table: str, status: str | None = None) -> int:
+    query = {
+        "job": "SELECT count(*) AS n FROM rota.job WHERE status = coalesce(%s, status)",
+        "archive": "SELECT count(*) AS n FROM rota.job_archive WHERE status = coalesce(%s, status)",
+    }[table]
+    row = conn.execute(query, (status,)).fetchone()  # type: ignore[call-overload]
+    return int(row["n"])
+
+
+def test_moves_by_status_and_retention_in_batches(conn: Conn) -> None:
+    finished(conn, "done", timedelta(days=8), count=25)
+    finished(conn, "done", timedelta(days=6), count=3)
+    finished(conn, "failed", timedelta(days=8), count=2)
+    finished(conn, "dead", timedelta(days=31), count=4)
+    conn.execute("INSERT INTO rota.job (type) VALUES ('t')")  # ready, never touched
+    result = Archiver(ArchiveSettings(batch_size=10)).run_once(conn, now=NOW)
+    assert (result.done, result.failed, result.batches, result.capped) == (25, 4, 4, False)
+    assert count(conn, "job", "done") == 3
+    assert count(conn, "job", "failed") == 2
+    assert count(conn, "job", "ready") == 1
+    assert count(conn, "archive", "dead") == 4
+    row = conn.execute("SELECT archived_at FROM rota.job_archive LIMIT 1").fetchone()
+    assert row is not None and row["archived_at"] == NOW
+
+
+def test_max_batches_caps_a_run(conn: Conn) -> None:
+    finished(conn, "done", timedelta(days=8), count=50)
+    settings = ArchiveSettings(batch_size=10, max_batches=2)
+    result = Archiver(settings).run_once(conn, now=NOW)
+    assert (result.done, result.batches, result.capped) == (20, 2, True)
+    assert count(conn, "job", "done") == 30
+
+
+def test_no_job_lost_or_doubled_while_workers_claim(db_url: str, conn: Conn) -> None:
+    conn.execute("INSERT INTO rota.job (type) SELECT 't' FROM generate_series(1, 3000)")
+    finished(conn, "done", timedelta(days=1), count=2000)
+    total = 5000
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        claim = (
+            "WITH p AS (SELECT id FROM rota.job WHERE status = 'ready' ORDER BY id LIMIT 25"
+            " FOR UPDATE SKIP LOCKED) UPDATE rota.job j SET status = 'running',"
+            " attempts = attempts + 1, started_at = now() FROM p WHERE j.id = p.id RETURNING j.id"
+        )
+        done = "UPDATE rota.job SET status = 'done', finished_at = now() WHERE id = ANY(%s)"
+        try:
+            with psycopg.connect(db_url, autocommit=True) as c:
+                while ids := [r[0] for r in c.execute(claim).fetchall()]:
+                    c.execute(done, (ids,))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def archiver() -> None:
+        settings = ArchiveSettings(done_retention_seconds=0, batch_size=100, max_batches=3)
+        try:
+            while not stop.is_set():
+                Archiver(settings).run_once(db_url)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker) for _ in range(3)]
+    arch = threading.Thread(target=archiver)
+    arch.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    stop.set()
+    arch.join(timeout=60)
+    assert not errors
+    Archiver(ArchiveSettings(done_retention_seconds=0)).run_once(conn)
+    live = {r["id"] for r in conn.execute("SELECT id FROM rota.job").fetchall()}
+    archived = [r["id"] for r in conn.execute("SELECT id FROM rota.job_archive").fetchall()]
+    assert live == set()
+    assert len(archived) == len(set(archived)) == total
+    assert count(conn, "archive", "done") == total
+    attempts = conn.execute("SELECT max(attempts) AS m FROM rota.job_archive").fetchone()
+    assert attempts is not None and attempts["m"] == 1  # no job was claimed twice
+
+
+def test_an_archived_key_may_be_used_again(conn: Conn) -> None:
+    first = enqueue(conn, "t", {"n": 1}, key="order-42")
+    assert enqueue(conn, "t", {"n": 2}, key="order-42") == first  # inside the window
+    conn.execute(
+        "UPDATE rota.job SET status = 'done', finished_at = %s WHERE id = %s",
+        (NOW - timedelta(days=8), first),
+    )
+    Archiver().run_once(conn, now=NOW)
+    second = enqueue(conn, "t", {"n": 3}, key="order-42")
+    assert second != first
+    row = conn.execute("SELECT status, payload FROM rota.job WHERE id = %s", (second,)).fetchone()
+    assert row == {"status": "ready", "payload": {"n": 3}}
+
+
+def test_builtin_schedule_enqueues_the_archive_job(conn: Conn) -> None:
+    later = datetime(2035, 1, 1, tzinfo=UTC)
+    conn.execute("UPDATE rota.schedule SET next_run_at = %s", (later + timedelta(minutes=5),))
+    scheduler = Scheduler()
+    scheduler.run_once(conn, now=later + timedelta(minutes=1))
+    scheduler.run_once(conn, now=later + timedelta(minutes=5, seconds=1))
+    job = conn.execute("SELECT type, slot, max_attempts FROM rota.job").fetchone()
+    assert job == {"type": "rota.archive", "slot": later + timedelta(minutes=5), "max_attempts": 3}
+
+
+def _job(payload: Any) -> Job:
+    return Job.from_row(
+        {
+            "id": 1,
+            "type": "rota.archive",
+            "payload": payload,
+            "idempotency_key": None,
+            "status": "running",
+            "run_at": NOW,
+            "attempts": 1,
+            "max_attempts": 3,
+        }
+    )
+
+
+def test_handler_uses_the_payload_settings(db_url: str, conn: Conn) -> None:
+    registered = handlers.registered()[archive.JOB_TYPE]
+    assert registered.wants_context
+    finished(conn, "done", timedelta(hours=2), count=3, now=None)  # the handler uses now()
+    ctx = handlers.Context(dsn=db_url, worker_id="test")
+    archive.archive_job(_job({"done_retention_seconds": 7200 + 3600}), ctx)
+    assert count(conn, "job", "done") == 3
+    archive.archive_job(_job({"done_retention_seconds": 60}), ctx)
+    assert count(conn, "job", "done") == 0
+    with pytest.raises(Permanent, match="archive"):
+        archive.archive_job(_job({"retention": 1}), ctx)
+    with pytest.raises(Permanent, match="negative"):
+        archive.archive_job(_job({"done_retention_seconds": -1}), ctx)
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(InvalidInput):
+        ArchiveSettings(batch_size=0)
