@@ -44,10 +44,10 @@ chart-crds: $(STAMP) ## regenerate the chart's CRD templates from crds/*.yaml
 chart-check: $(STAMP) $(HELM) ## lint and validate the chart offline (helm lint, kubernetes-validate, RBAC, CRDs)
 	$(BIN)/pytest -q tests/chart
 
-hadolint: $(STAMP) ## lint both Dockerfiles
-	$(BIN)/hadolint Dockerfile.worker Dockerfile.operator
+hadolint: $(STAMP) ## lint the Dockerfiles (worker, operator, end-to-end handlers)
+	$(BIN)/hadolint Dockerfile.worker Dockerfile.operator tests/e2e/Dockerfile.handlers
 
-shellcheck: ## check the shell scripts (shellcheck from Debian: apt-get install shellcheck)
+shellcheck: ## check the kind script (shellcheck from Debian: apt-get install shellcheck)
 	shellcheck tests/e2e/kind.sh
 
 images: ## build the worker and operator images (needs Docker)
