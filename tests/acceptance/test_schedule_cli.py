@@ -1,0 +1,105 @@
+"""`rota schedule ...` and `rota archive` as scripts use them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.acceptance.procs import rota
+
+Conn = psycopg.Connection[Any]
+
+
+def schedule_count(conn: Conn) -> int:
+    return conn.execute("SELECT count(*) AS n FROM rota.schedule").fetchone()["n"]  # type: ignore[index]
+
+
+def test_add_list_suspend_resume_remove(db_url: str, conn: Conn) -> None:
+    added = rota(db_url, "schedule", "add", "reports", "--type", "report.build",
+                 "--cron", "30 2 * * *", "--timezone", "Europe/Berlin",
+                 "--payload", '{"kind": "daily"}', "--max-attempts", "3",
+                 "--spread-seconds", "60", "--concurrency-policy", "Forbid",
+                 "--starting-deadline-seconds", "600")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.startswith("reports: next run ")
+    listed = rota(db_url, "schedule", "list")
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.split()[:5] == ["NAME", "TYPE", "CRON", "TIMEZONE", "SUSPEND"]
+    line = next(li for li in lines if li.startswith("reports"))
+    assert "Europe/Berlin" in line and "02:30:00+0" in line and "+00:00" in line
+    rows = json.loads(rota(db_url, "schedule", "list", "--json").stdout)
+    row = next(r for r in rows if r["name"] == "reports")
+    assert (row["payload"], row["spread_seconds"], row["concurrency_policy"]) == (
+        {"kind": "daily"}, 60, "Forbid"
+    )  # fmt: skip
+    assert rota(db_url, "schedule", "suspend", "reports").stdout == "reports: suspended\n"
+    assert conn.execute("SELECT suspend FROM rota.schedule WHERE name = 'reports'").fetchone() == {
+        "suspend": True
+    }
+    assert "resumed, next run" in rota(db_url, "schedule", "resume", "reports").stdout
+    assert rota(db_url, "schedule", "remove", "reports").returncode == 0
+    gone = rota(db_url, "schedule", "remove", "reports")
+    assert gone.returncode == 1 and "no schedule named 'reports'" in gone.stderr
+    assert schedule_count(conn) == 1  # the built-in rota/archive
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "61 * * * *"], "invalid cron expression '61 * * * *'"),
+        (["--cron", "* * * *"], "expected 5 fields"),
+        (["--cron", "@reboot"], "unknown macro"),
+        (["--cron", "0 * * * *", "--timezone", "Europe/Atlantis"], "unknown time zone"),
+        (["--cron", "0 * * * *", "--payload", "{bad"], "not valid JSON"),
+        (["--cron", "0 * * * *", "--spread-seconds", "-5"], "spread_seconds"),
+        (["--cron", "0 * * * *", "--starting-deadline-seconds", "0"], "starting_deadline"),
+        (["--cron", "0 * * * *", "--concurrency-policy", "Replace"], "invalid choice"),
+    ],
+)
+def test_bad_schedule_is_exit_2_one_line_nothing_stored(
+    db_url: str, conn: Conn, args: list[str], message: str
+) -> None:
+    result = rota(db_url, "schedule", "add", "x", "--type", "t", *args)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
+    assert schedule_count(conn) == 1
+
+
+def test_preview_shows_dst_days_in_the_schedule_zone(db_url: str) -> None:
+    fall = rota(db_url, "schedule", "preview", "--cron", "0 * * * *", "--timezone",
+                "Europe/Berlin", "--from", "2026-10-25T01:30:00+02:00", "--count", "3")  # fmt: skip
+    assert fall.returncode == 0, fall.stderr
+    assert fall.stdout.splitlines() == [
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:00:00+01:00",
+        "2026-10-25T03:00:00+01:00",
+    ]
+    spring = rota(db_url, "schedule", "preview", "--cron", "30 2 * * *", "--timezone",
+                  "Europe/Berlin", "--from", "2026-03-28T00:00:00Z", "--count", "3")  # fmt: skip
+    assert spring.stdout.splitlines() == [
+        "2026-03-28T02:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:30:00+02:00",
+    ]
+    bad = rota(db_url, "schedule", "preview", "--cron", "0 0 30 2 *")
+    assert bad.returncode == 2 and "never fires" in bad.stderr
+
+
+def test_archive_command(db_url: str, conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO rota.job (type, status, finished_at)"
+        " SELECT 't', 'done', now() - interval '2 days' FROM generate_series(1, 5)"
+        " UNION ALL SELECT 't', 'dead', now() - interval '2 days'"
+    )
+    kept = rota(db_url, "archive")
+    assert kept.stdout == "archived 0 done and 0 failed/dead jobs\n"
+    moved = rota(db_url, "archive", "--older-than", "1d")
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout == "archived 5 done and 0 failed/dead jobs\n"
+    bad = rota(db_url, "archive", "--older-than", "soon")
+    assert bad.returncode == 2 and "duration" in bad.stderr
