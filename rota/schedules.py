@@ -108,15 +108,15 @@ def upsert(
             "next_run_at": _first_slot(spec.cron, spec.timezone, tick),
             "now": now,
         }
-        old = _one(conn, "schedule_lock_by_name", {"name": spec.name})
-        if old is None:
-            row = _one(conn, "schedule_insert", params)
-        else:
-            if not _timing_changed(old, spec):
+        row = _one(conn, "schedule_insert", params)  # nothing when the name exists
+        if row is None:
+            old = _one(conn, "schedule_lock_by_name", {"name": spec.name})
+            if old is not None and not _timing_changed(old, spec):
                 params["next_run_at"] = old["next_run_at"]
             row = _one(conn, "schedule_update", params)
         _notify(conn, spec.name)
-    assert row is not None
+    if row is None:  # pragma: no cover - removed by someone else in between
+        raise InvalidInput(f"schedule {spec.name!r} was removed while being changed")
     return row
 
 

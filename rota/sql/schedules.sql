@@ -15,6 +15,7 @@ VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(next_run_
         %(suspend)s, %(spread_seconds)s, %(concurrency_policy)s, %(starting_deadline_seconds)s,
         %(max_attempts)s, coalesce(%(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (name) DO NOTHING
 RETURNING *
 
 -- name: schedule_update

@@ -275,3 +275,25 @@ def test_loop_wakes_on_notify_and_stops(db_url: str, conn: Conn) -> None:
         stop.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_concurrent_upserts_of_one_name(db_url: str, conn: Conn) -> None:
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def upsert(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            spec = ScheduleSpec("same", "t", "0 * * * *", payload={"i": i})
+            schedules.upsert(db_url, spec, now=utc(2026, 1, 1))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=upsert, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    rows = conn.execute("SELECT count(*) AS n FROM rota.schedule WHERE name = 'same'").fetchone()
+    assert rows == {"n": 1}
