@@ -1,0 +1,167 @@
+"""The kopf handlers: the operator's only contact with kopf.
+
+Each handler is thin: it turns kopf's keyword arguments into calls of
+`schedules`, `pools` and the rota core, and turns their outcomes into kopf's
+control flow (a patch, or `TemporaryError` to retry). A database outage is
+retried with exponential backoff and an invalid spec becomes a condition and an
+Event: neither ever stops the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from rota import schedules as core
+from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from rota_operator import kube, metrics, pools, schedules
+from rota_operator.settings import Settings
+
+SCHEDULES = ("rota.dev", "v1", "jobschedules")
+POOLS = ("rota.dev", "v1", "workerpools")
+DATABASE_ERRORS = (DatabaseUnavailable, DatabaseError)
+
+# Timer intervals are fixed when the handlers are declared, so this one setting is read at import.
+SCHEDULE_SYNC_SECONDS = Settings.from_environ().schedule_sync_seconds
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Read the settings, prepare the API client, start /metrics; tune kopf's storage."""
+    config = Settings.from_environ()
+    memo.config = config
+    memo.kube = kube.Kube(await asyncio.to_thread(kube.load_client))
+    # kopf's bookkeeping goes to annotations: the structural schemas would prune it from status.
+    settings.persistence.finalizer = "rota.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rota.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="rota.dev", key="last-handled-configuration"
+    )
+    settings.peering.name = config.peering_name
+    settings.peering.standalone = config.standalone or settings.peering.standalone
+    settings.posting.level = logging.WARNING
+    memo.metrics_runner = None
+    if config.metrics_port >= 0:
+        memo.metrics_runner, memo.metrics_port = await metrics.serve(
+            config.metrics_host, config.metrics_port
+        )
+
+
+@kopf.on.cleanup()
+async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("metrics_runner") is not None:
+        await memo.metrics_runner.cleanup()
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The pod's service account, else $KUBECONFIG as it is when the operator starts."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.resume(*SCHEDULES)
+@kopf.on.create(*SCHEDULES)
+@kopf.on.update(*SCHEDULES)
+def apply_schedule(
+    *, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int, **_: Any
+) -> None:
+    """Upsert the schedule row; an invalid spec leaves the row alone and says why."""
+    _apply(body, patch, memo, retry)
+
+
+def _apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int) -> None:
+    config: Settings = memo.config
+    namespace, name = body.meta.namespace or "", body.meta.name or ""
+    generation = body.meta.get("generation")
+    try:
+        wanted = schedules.to_spec(namespace, name, body.spec)
+    except InvalidInput as exc:
+        patch.status.update(schedules.invalid_status(body.status, generation, str(exc)))
+        memo.kube.post_event(_ref_of(body), "Warning", "InvalidSpec", str(exc))
+        return
+    try:
+        row = core.upsert(config.database_url, wanted)
+    except DATABASE_ERRORS as exc:
+        patch.status.update(schedules.unavailable_status(body.status, generation, str(exc)))
+        raise _retry_later("jobschedules", exc, config, retry) from exc
+    patch.status.update(schedules.synced_status(row, body.status, generation))
+
+
+@kopf.on.delete(*SCHEDULES)
+def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    """Remove the row; the finalizer holds the object until the database said yes."""
+    name = schedules.row_name(body.meta.namespace or "", body.meta.name or "")
+    try:
+        core.remove(memo.config.database_url, name)
+    except DATABASE_ERRORS as exc:
+        raise _retry_later("jobschedules", exc, memo.config, retry) from exc
+
+
+@kopf.timer(*SCHEDULES, interval=SCHEDULE_SYNC_SECONDS, initial_delay=SCHEDULE_SYNC_SECONDS)
+def sync_schedule_status(*, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Mirror the row's progress (next run, last slot, missed slots) into the status."""
+    status, generation = body.status, body.meta.get("generation")
+    name = schedules.row_name(body.meta.namespace or "", body.meta.name or "")
+    try:
+        row = core.get(memo.config.database_url, name)
+    except DATABASE_ERRORS as exc:
+        metrics.record_error("jobschedules", type(exc).__name__)
+        patch.status.update(schedules.unavailable_status(status, generation, str(exc)))
+        return
+    if row is None:
+        if schedules.is_ready(status):  # removed behind the operator's back: put it back
+            _apply(body, patch, memo, retry=0)
+    elif _recovering(status, body.meta):
+        patch.status.update(schedules.synced_status(row, status, generation))
+    else:
+        patch.status.update(schedules.row_status(row))
+
+
+@kopf.daemon(*POOLS, cancellation_timeout=10.0)
+async def run_pool(*, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Poll the queue and scale the target every pollIntervalSeconds, for the pool's lifetime.
+
+    `body` is a live view: a changed spec is used from the next poll on.
+    """
+    config: Settings = memo.config
+    ref = _ref_of(body)
+    state = pools.PoolState(conditions=[dict(c) for c in body.status.get("conditions") or ()])
+    try:
+        while True:
+            interval = await asyncio.to_thread(
+                pools.poll_once,
+                memo.kube,
+                config.database_url,
+                ref,
+                dict(body.spec),
+                config.poll_interval_seconds,
+                state,
+            )
+            await asyncio.sleep(interval)
+    finally:
+        metrics.forget_pool(f"{ref.namespace}/{ref.name}")
+
+
+def _retry_later(
+    resource: str, exc: Exception, config: Settings, retry: int
+) -> kopf.TemporaryError:
+    metrics.record_error(resource, type(exc).__name__)
+    return kopf.TemporaryError(f"database: {exc}", delay=config.retry_delay(retry))
+
+
+def _recovering(status: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Ready=False only because the database was away, for the current generation."""
+    conditions = status.get("conditions") or ()
+    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    current = status.get("observedGeneration") == meta.get("generation")
+    return current and ready.get("reason") == "DatabaseUnavailable"
+
+
+def _ref_of(body: kopf.Body) -> kube.ObjectRef:
+    meta = body.meta
+    api_version, kind = body.get("apiVersion") or "", body.get("kind") or ""
+    return kube.ObjectRef(api_version, kind, meta.namespace or "", meta.name or "", meta.uid or "")

@@ -1,0 +1,151 @@
+"""One poll of a WorkerPool: measure the queue, decide, scale, report.
+
+`poll_once()` is the whole reconcile step as a plain function (STYLE: a pure
+decision in `scaling`, a run-once step here, a thin loop in `handlers`). It
+talks to the database through the rota core and to Kubernetes through `kube`;
+it never raises for an outage: failures become a condition and an error count,
+and the next poll tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rota import inspect
+from rota.errors import RotaError
+from rota_operator import metrics
+from rota_operator.conditions import now_rfc3339, with_condition
+from rota_operator.kube import Kube, KubeError, ObjectRef
+from rota_operator.scaling import PoolLimits, QueueSample, ScaleMemory, decide
+
+logger = logging.getLogger(__name__)
+
+API_VERSION = "rota.dev/v1"
+KIND = "WorkerPool"
+
+SPEC_DEFAULTS: dict[str, Any] = {
+    "minReplicas": 0,
+    "targetQueueAgeSeconds": 30,
+    "scaleDownStabilizationSeconds": 300,
+    "pollIntervalSeconds": 15,
+}
+"""The CRD's defaults, applied again here for objects that did not pass through them."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A WorkerPool's spec with the defaults filled in."""
+
+    target: str
+    job_types: list[str] | None
+    limits: PoolLimits
+    poll_interval_seconds: float
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any], default_poll: float) -> PoolSpec:
+        values = {**SPEC_DEFAULTS, "pollIntervalSeconds": default_poll, **spec}
+        limits = PoolLimits(
+            min_replicas=int(values["minReplicas"]),
+            max_replicas=int(values.get("maxReplicas", values["minReplicas"] or 1)),
+            target_age_seconds=float(values["targetQueueAgeSeconds"]),
+            stabilization_seconds=float(values["scaleDownStabilizationSeconds"]),
+        )
+        types = values.get("jobTypes")
+        target = (values.get("scaleTargetRef") or {}).get("name") or ""
+        return cls(
+            target, list(types) if types else None, limits, float(values["pollIntervalSeconds"])
+        )
+
+
+@dataclass
+class PoolState:
+    """What one pool's loop carries from poll to poll."""
+
+    memory: ScaleMemory = field(default_factory=ScaleMemory)
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+
+
+def poll_once(
+    kube: Kube,
+    database_url: str,
+    ref: ObjectRef,
+    raw_spec: Mapping[str, Any],
+    default_poll_seconds: float,
+    state: PoolState,
+    clock: Callable[[], float] = time.monotonic,
+) -> float:
+    """Measure, decide, scale and write the status; returns the seconds to the next poll."""
+    try:
+        spec = PoolSpec.parse(raw_spec, default_poll_seconds)
+    except (TypeError, ValueError, KeyError) as exc:
+        _write(kube, ref, _failed(kube, ref, state, "InvalidSpec", f"spec: {exc}"))
+        return default_poll_seconds
+    try:
+        status = _reconcile(kube, database_url, ref, spec, state, clock())
+    except RotaError as exc:
+        status = _failed(
+            kube, ref, state, "DatabaseUnavailable", f"cannot measure the queue: {exc}"
+        )
+    except KubeError as exc:
+        reason = "TargetNotFound" if exc.not_found else "KubernetesError"
+        status = _failed(kube, ref, state, reason, f"deployment {spec.target}: {exc}")
+    except ValueError as exc:  # e.g. minReplicas > maxReplicas that skipped the CRD's rule
+        status = _failed(kube, ref, state, "InvalidSpec", str(exc))
+    _write(kube, ref, status)
+    return spec.poll_interval_seconds
+
+
+def _write(kube: Kube, ref: ObjectRef, status: dict[str, Any]) -> None:
+    try:
+        kube.patch_status(ref, status)
+    except KubeError as exc:
+        logger.warning("Cannot write the status of %s/%s: %s", ref.namespace, ref.name, exc)
+        metrics.record_error("workerpools", "StatusPatchFailed")
+
+
+def _reconcile(
+    kube: Kube, database_url: str, ref: ObjectRef, spec: PoolSpec, state: PoolState, now: float
+) -> dict[str, Any]:
+    limits = spec.limits
+    if limits.min_replicas > limits.max_replicas:
+        raise ValueError(f"minReplicas {limits.min_replicas} > maxReplicas {limits.max_replicas}")
+    age = inspect.queue_age(database_url, spec.job_types)
+    replicas = kube.read_replicas(ref.namespace, spec.target)
+    sample = QueueSample(age.oldest_ready_age_seconds, age.ready_jobs)
+    decision = decide(limits, replicas.spec, sample, state.memory, now)
+    state.memory = decision.memory
+    status: dict[str, Any] = {}
+    if decision.desired != replicas.spec:
+        kube.set_replicas(ref.namespace, spec.target, decision.desired)
+        kube.post_event(ref, "Normal", "Scaled", decision.message)
+        logger.info("WorkerPool %s/%s: %s", ref.namespace, ref.name, decision.message)
+        status["lastScaleTime"] = now_rfc3339()
+    metrics.record_replicas(f"{ref.namespace}/{ref.name}", decision.desired, replicas.status)
+    state.conditions = with_condition(
+        state.conditions, "Ready", True, decision.reason, decision.message
+    )
+    return {
+        **status,
+        "currentReplicas": replicas.status,
+        "desiredReplicas": decision.desired,
+        "oldestReadyAgeSeconds": round(sample.oldest_ready_age_seconds, 3),
+        "readyJobs": sample.ready_jobs,
+        "conditions": state.conditions,
+    }
+
+
+def _failed(
+    kube: Kube, ref: ObjectRef, state: PoolState, reason: str, message: str
+) -> dict[str, Any]:
+    """Ready=False and an error count; a Warning Event only when the failure is new."""
+    logger.warning("WorkerPool %s/%s: %s", ref.namespace, ref.name, message)
+    metrics.record_error("workerpools", reason)
+    ready = next((c for c in state.conditions if c.get("type") == "Ready"), {})
+    if (ready.get("status"), ready.get("reason")) != ("False", reason):
+        kube.post_event(ref, "Warning", reason, message)
+    state.conditions = with_condition(state.conditions, "Ready", False, reason, message)
+    return {"conditions": state.conditions}

@@ -1,0 +1,138 @@
+"""How many workers a pool needs, decided from the age of its queue.
+
+This module is pure: no clock, no database, no Kubernetes. The caller passes the
+time (`now`, in seconds on any monotonic-enough scale) and what it remembers
+from the previous poll, and gets back a decision and the memory for the next
+poll. That is what lets the tests walk through minutes of stabilization in
+microseconds.
+
+The policy, one poll at a time:
+
+1. Empty queue: the recommendation is `minReplicas` (0 allowed).
+2. Jobs ready and no replica: at least 1 at once (0 -> 1 never waits).
+3. The oldest ready job older than `targetQueueAgeSeconds` (beyond a 10%
+   tolerance): grow in proportion, `ceil(current * age / target)`, by at most
+   `max(current, 4)` replicas per poll (double or +4, like the Horizontal Pod
+   Autoscaler's default scale-up policy).
+4. The oldest ready job younger than the target: the recommendation shrinks in
+   proportion too, but never below 1 while jobs are ready.
+5. Growing happens at once. Shrinking waits: the pool only shrinks to the
+   highest recommendation seen over the last `scaleDownStabilizationSeconds`,
+   and not before that much time has been observed, so a brief lull after a
+   burst does not send workers away.
+6. The result is clamped to [minReplicas, maxReplicas], immediately, whatever
+   the window says.
+7. A manual change of the Deployment's replicas (a value other than the one
+   decided last time) restarts the stabilization window: the operator follows
+   the new value as its base and does not undo it on the spot; it answers at
+   most once per poll, since it only acts when it polls.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TOLERANCE = 0.1
+"""Age within 10% of the target counts as on target: no change (avoids flapping)."""
+
+MIN_STEP_UP = 4
+"""Growth per poll is at most max(current replicas, this)."""
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """The WorkerPool's spec, as far as the decision is concerned."""
+
+    min_replicas: int
+    max_replicas: int
+    target_age_seconds: float
+    stabilization_seconds: float
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """What the database said at this poll, for the pool's job types."""
+
+    oldest_ready_age_seconds: float
+    ready_jobs: int
+
+
+@dataclass(frozen=True)
+class ScaleMemory:
+    """What a decision remembers for the next poll of the same pool."""
+
+    window_start: float | None = None
+    """Since when recommendations have been observed (reset by a manual change)."""
+    recommendations: tuple[tuple[float, int], ...] = field(default_factory=tuple)
+    """(time, recommended replicas) of the polls inside the stabilization window."""
+    last_desired: int | None = None
+    """The replicas decided last time: anything else found means a manual change."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The replicas to set, why, and what to remember."""
+
+    desired: int
+    reason: str
+    message: str
+    memory: ScaleMemory
+
+
+def recommend(limits: PoolLimits, current: int, sample: QueueSample) -> tuple[int, str]:
+    """The replicas this one sample asks for, clamped, with the reason's name."""
+    if sample.ready_jobs <= 0:
+        return _clamp(limits, limits.min_replicas), "QueueEmpty"
+    base = max(current, 1)
+    ratio = sample.oldest_ready_age_seconds / limits.target_age_seconds
+    if ratio > 1 + TOLERANCE:
+        wanted = min(math.ceil(base * ratio), base + max(base, MIN_STEP_UP))
+        reason = "QueueTooOld"
+    elif ratio >= 1 - TOLERANCE:
+        wanted, reason = base, "QueueOnTarget"
+    else:
+        wanted, reason = max(1, math.ceil(base * ratio)), "QueueYoung"
+    if current == 0:
+        reason = "ScaleFromZero"
+    return max(1, _clamp(limits, wanted)), reason
+
+
+def decide(
+    limits: PoolLimits, current: int, sample: QueueSample, memory: ScaleMemory, now: float
+) -> Decision:
+    """Decide the replicas for this poll (see the module's docstring for the policy)."""
+    if memory.last_desired is not None and current != memory.last_desired:
+        memory = ScaleMemory()  # a manual change: start observing afresh
+    wanted, reason = recommend(limits, current, sample)
+    start = now if memory.window_start is None else memory.window_start
+    horizon = now - limits.stabilization_seconds
+    window = (*((t, r) for t, r in memory.recommendations if t > horizon), (now, wanted))
+    if wanted >= current:
+        desired = wanted
+    elif now - start < limits.stabilization_seconds:
+        desired, reason = current, "Stabilizing"
+    else:
+        desired = min(current, max(r for _, r in window))
+        reason = reason if desired < current else "Stabilizing"
+    clamped = _clamp(limits, desired)
+    if clamped != desired:
+        desired, reason = clamped, "OutOfBounds"
+    message = describe(limits, current, sample, desired, reason)
+    return Decision(desired, reason, message, ScaleMemory(start, window, desired))
+
+
+def describe(
+    limits: PoolLimits, current: int, sample: QueueSample, desired: int, reason: str
+) -> str:
+    """One line with the numbers behind a decision, for the Event and the log."""
+    return (
+        f"{reason}: {current} -> {desired} replicas; {sample.ready_jobs} ready jobs, "
+        f"oldest waiting {sample.oldest_ready_age_seconds:.1f}s "
+        f"(target {limits.target_age_seconds:g}s), bounds [{limits.min_replicas}, "
+        f"{limits.max_replicas}], stabilization {limits.stabilization_seconds:g}s"
+    )
+
+
+def _clamp(limits: PoolLimits, replicas: int) -> int:
+    return max(limits.min_replicas, min(limits.max_replicas, replicas))

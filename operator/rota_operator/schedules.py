@@ -1,0 +1,105 @@
+"""A JobSchedule object and its rota.schedule row, in both directions.
+
+The spec becomes a `rota.schedules.ScheduleSpec` (validated by the core, so the
+CLI and the operator accept exactly the same schedules); the row becomes the
+object's status. No kopf and no Kubernetes calls here: the handlers do the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rota import schedules as core
+from rota.errors import InvalidInput
+from rota_operator.conditions import rfc3339, with_condition
+
+API_VERSION = "rota.dev/v1"
+KIND = "JobSchedule"
+
+
+def row_name(namespace: str, name: str) -> str:
+    """The schedule row behind a JobSchedule: '<namespace>/<name>'."""
+    return f"{namespace}/{name}"
+
+
+def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.ScheduleSpec:
+    """The core's ScheduleSpec for this object; InvalidInput when the spec cannot be one.
+
+    The core's `validate` is the judge (cron, time zone, payload size), so the CLI
+    and the operator accept exactly the same schedules.
+    """
+    payload = spec.get("payload")
+    if payload is not None and not isinstance(payload, Mapping):
+        raise InvalidInput("payload must be a JSON object")
+    for field in ("jobType", "schedule"):
+        if not isinstance(spec.get(field), str) or not spec.get(field):
+            raise InvalidInput(f"spec.{field} is required")
+    result = core.ScheduleSpec(
+        name=row_name(namespace, name),
+        job_type=spec["jobType"],
+        cron=spec["schedule"],
+        timezone=spec.get("timeZone") or "UTC",
+        payload=dict(payload) if payload is not None else None,
+        suspend=bool(spec.get("suspend", False)),
+        spread_seconds=int(spec.get("spreadSeconds") or 0),
+        concurrency_policy=spec.get("concurrencyPolicy") or "Allow",
+        starting_deadline_seconds=spec.get("startingDeadlineSeconds"),
+        max_attempts=spec.get("maxAttempts"),
+    )
+    core.validate(result)
+    return result
+
+
+def synced_status(
+    row: Mapping[str, Any], status: Mapping[str, Any], generation: int | None
+) -> dict[str, Any]:
+    """Status after the row was written for this generation: Ready=True, row fields."""
+    message = f"schedule row {row['name']} is in step with the spec"
+    return {
+        **row_status(row),
+        "observedGeneration": generation,
+        "conditions": with_condition(
+            status.get("conditions"), "Ready", True, "Synced", message, generation
+        ),
+    }
+
+
+def row_status(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The status fields that mirror the row (refreshed by the timer)."""
+    return {
+        "nextRunAt": rfc3339(row.get("next_run_at")),
+        "lastSlot": rfc3339(row.get("last_slot")),
+        "missedSlots": int(row.get("missed_slots") or 0),
+    }
+
+
+def invalid_status(
+    status: Mapping[str, Any], generation: int | None, message: str
+) -> dict[str, Any]:
+    """Status of a spec the core refuses: Ready=False; the row (if any) is left alone."""
+    return {
+        "observedGeneration": generation,
+        "conditions": with_condition(
+            status.get("conditions"), "Ready", False, "InvalidSpec", message, generation
+        ),
+    }
+
+
+def unavailable_status(
+    status: Mapping[str, Any], generation: int | None, message: str
+) -> dict[str, Any]:
+    """Status while the database cannot be reached: Ready=False until a retry succeeds."""
+    return {
+        "conditions": with_condition(
+            status.get("conditions"), "Ready", False, "DatabaseUnavailable", message, generation
+        ),
+    }
+
+
+def is_ready(status: Mapping[str, Any]) -> bool:
+    """Whether the last reconcile left the object Ready=True."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )

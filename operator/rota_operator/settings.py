@@ -1,0 +1,77 @@
+"""The operator's settings, read once from the environment.
+
+The operator is started either as `rota-operator` or as `kopf run -m
+rota_operator`; in both cases its configuration comes from environment
+variables (a Deployment's `env:`), parsed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the operator needs to know about its surroundings."""
+
+    database_url: str = ""
+    """ROTA_DATABASE_URL: libpq URI of Rota's database; empty uses libpq's PG* variables."""
+
+    namespaces: tuple[str, ...] = ()
+    """ROTA_NAMESPACES: comma-separated namespaces to watch; empty watches the whole cluster."""
+
+    schedule_sync_seconds: float = 30.0
+    """ROTA_SCHEDULE_SYNC_SECONDS: how often JobSchedule status is refreshed from its row."""
+
+    poll_interval_seconds: int = 15
+    """ROTA_POLL_INTERVAL_SECONDS: a WorkerPool's pollIntervalSeconds when its spec has none."""
+
+    metrics_port: int = 8080
+    """ROTA_METRICS_PORT: port of /metrics and /healthz; -1 turns the server off."""
+
+    metrics_host: str = "0.0.0.0"
+    """ROTA_METRICS_HOST: the address the metrics server listens on."""
+
+    peering_name: str = "rota-operator"
+    """ROTA_PEERING_NAME: the kopf peering object shared by the operator's replicas."""
+
+    standalone: bool = False
+    """ROTA_STANDALONE: true runs without peering (one replica only, or tests)."""
+
+    retry_max_seconds: float = 300.0
+    """ROTA_RETRY_MAX_SECONDS: the cap of the backoff when the database is unavailable."""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from environment variables (os.environ by default), defaults for the rest."""
+        env = os.environ if environ is None else environ
+        default = cls()
+        return cls(
+            database_url=env.get("ROTA_DATABASE_URL", default.database_url),
+            namespaces=_names(env.get("ROTA_NAMESPACES", "")),
+            schedule_sync_seconds=float(
+                env.get("ROTA_SCHEDULE_SYNC_SECONDS", default.schedule_sync_seconds)
+            ),
+            poll_interval_seconds=int(
+                env.get("ROTA_POLL_INTERVAL_SECONDS", default.poll_interval_seconds)
+            ),
+            metrics_port=int(env.get("ROTA_METRICS_PORT", default.metrics_port)),
+            metrics_host=env.get("ROTA_METRICS_HOST", default.metrics_host),
+            peering_name=env.get("ROTA_PEERING_NAME", default.peering_name),
+            standalone=_flag(env.get("ROTA_STANDALONE", "")),
+            retry_max_seconds=float(env.get("ROTA_RETRY_MAX_SECONDS", default.retry_max_seconds)),
+        )
+
+    def retry_delay(self, retry: int) -> float:
+        """Exponential backoff for a database outage: 1, 2, 4 ... seconds, capped."""
+        return float(min(self.retry_max_seconds, 2 ** min(retry, 16)))
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}

@@ -1,0 +1,118 @@
+"""JobSchedule objects become schedule rows, and rows report back into status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import Api, wait_for
+from kopf.testing import KopfRunner
+
+from rota import schedules
+
+NS = "default"
+PATH = f"/apis/rota.dev/v1/namespaces/{NS}/jobschedules"
+
+
+def job_schedule(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "rota.dev/v1",
+        "kind": "JobSchedule",
+        "metadata": {"name": name},
+        "spec": {"jobType": "report.build", "schedule": "*/5 * * * *", **spec},
+    }
+
+
+def ready_condition(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    for condition in ((obj or {}).get("status") or {}).get("conditions") or ():
+        if condition["type"] == "Ready":
+            return dict(condition)
+    return None
+
+
+def test_apply_change_and_delete(operator: KopfRunner, kube_api: Api, db_url: str) -> None:
+    kube_api.create(PATH, job_schedule("nightly", payload={"format": "pdf"}))
+
+    row = wait_for(lambda: schedules.get(db_url, "default/nightly"), what="the schedule row")
+    assert (row["job_type"], row["cron"], row["payload"]) == (
+        "report.build",
+        "*/5 * * * *",
+        {"format": "pdf"},
+    )
+    obj = wait_for(lambda: _with_status(kube_api, "nightly", "nextRunAt"), what="status.nextRunAt")
+    assert obj["status"]["nextRunAt"] == row["next_run_at"].strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert ready_condition(obj)["status"] == "True"  # type: ignore[index]
+    assert "rota.dev/finalizer" in obj["metadata"]["finalizers"]
+
+    kube_api.patch(
+        f"{PATH}/nightly", {"spec": {"schedule": "0 3 * * *", "timeZone": "Europe/Paris"}}
+    )
+    row = wait_for(
+        lambda: (r := schedules.get(db_url, "default/nightly")) and r["cron"] == "0 3 * * *" and r,
+        what="the changed row",
+    )
+    assert row["timezone"] == "Europe/Paris"
+    wait_for(
+        lambda: (
+            (o := kube_api.get(f"{PATH}/nightly"))["status"].get("observedGeneration")
+            == o["metadata"]["generation"]
+        ),
+        what="the new generation observed",
+    )
+
+    kube_api.delete(f"{PATH}/nightly")
+    wait_for(lambda: schedules.get(db_url, "default/nightly") is None, what="the row removed")
+    wait_for(lambda: kube_api.get(f"{PATH}/nightly") is None, what="the finalizer released")
+
+
+def test_an_invalid_cron_is_a_condition_and_an_event(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    kube_api.create(PATH, job_schedule("broken", schedule="61 * * * *"))
+
+    obj = wait_for(
+        lambda: ready_condition(kube_api.get(f"{PATH}/broken")), what="a Ready condition"
+    )
+    assert (obj["status"], obj["reason"]) == ("False", "InvalidSpec")
+    assert "61" in obj["message"]
+    events = wait_for(lambda: kube_api.events(NS, "broken"), what="an event")
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", "InvalidSpec")]
+    assert schedules.get(db_url, "default/broken") is None
+
+    # Fixing the spec makes it Ready and creates the row; deleting it still works.
+    kube_api.patch(f"{PATH}/broken", {"spec": {"schedule": "1 * * * *"}})
+    wait_for(lambda: schedules.get(db_url, "default/broken"), what="the row after the fix")
+    wait_for(
+        lambda: (ready_condition(kube_api.get(f"{PATH}/broken")) or {}).get("status") == "True",
+        what="Ready=True after the fix",
+    )
+
+
+def test_an_unknown_time_zone_leaves_the_previous_row_alone(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    kube_api.create(PATH, job_schedule("zoned", timeZone="Europe/Berlin"))
+    wait_for(lambda: schedules.get(db_url, "default/zoned"), what="the row")
+
+    kube_api.patch(f"{PATH}/zoned", {"spec": {"timeZone": "Mars/Olympus_Mons"}})
+    wait_for(
+        lambda: (
+            (ready_condition(kube_api.get(f"{PATH}/zoned")) or {}).get("reason") == "InvalidSpec"
+        ),
+        what="Ready=False",
+    )
+    assert schedules.get(db_url, "default/zoned")["timezone"] == "Europe/Berlin"  # type: ignore[index]
+
+
+def test_the_timer_restores_a_row_removed_behind_its_back(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    kube_api.create(PATH, job_schedule("sticky"))
+    wait_for(lambda: schedules.get(db_url, "default/sticky"), what="the row")
+    schedules.remove(db_url, "default/sticky")
+    wait_for(lambda: schedules.get(db_url, "default/sticky"), what="the row restored")
+
+
+def _with_status(api: Api, name: str, field: str) -> dict[str, Any] | None:
+    obj = api.get(f"{PATH}/{name}")
+    return obj if obj and (obj.get("status") or {}).get(field) else None

@@ -1,0 +1,124 @@
+"""The WorkerPool scaling policy, decided poll by poll with an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+from rota_operator.scaling import Decision, PoolLimits, QueueSample, ScaleMemory, decide
+
+LIMITS = PoolLimits(
+    min_replicas=0, max_replicas=20, target_age_seconds=30, stabilization_seconds=60
+)
+
+
+def poll(
+    current: int,
+    age: float,
+    ready: int,
+    *,
+    limits: PoolLimits = LIMITS,
+    memory: ScaleMemory | None = None,
+    now: float = 1000.0,
+) -> Decision:
+    return decide(limits, current, QueueSample(age, ready), memory or ScaleMemory(), now)
+
+
+@pytest.mark.parametrize(
+    ("current", "age", "ready", "limits", "desired", "reason"),
+    [
+        pytest.param(0, 0.0, 0, LIMITS, 0, "QueueEmpty", id="empty queue stays at zero"),
+        pytest.param(0, 0.0, 1, LIMITS, 1, "ScaleFromZero", id="0 -> 1 at the first ready job"),
+        pytest.param(0, 300.0, 50, LIMITS, 5, "ScaleFromZero", id="from zero, a bounded step"),
+        pytest.param(2, 300.0, 80, LIMITS, 6, "QueueTooOld", id="burst: +4 at most from 2"),
+        pytest.param(10, 45.0, 80, LIMITS, 15, "QueueTooOld", id="proportional to age/target"),
+        pytest.param(10, 32.0, 80, LIMITS, 10, "QueueOnTarget", id="within the tolerance"),
+        pytest.param(
+            4,
+            300.0,
+            80,
+            PoolLimits(0, 5, 30, 60),
+            5,
+            "QueueTooOld",
+            id="growth clamped to max",
+        ),
+        pytest.param(
+            0, 0.0, 0, PoolLimits(3, 5, 30, 60), 3, "QueueEmpty", id="empty queue clamped to min"
+        ),
+        pytest.param(
+            50, 0.0, 0, PoolLimits(0, 20, 30, 600), 20, "OutOfBounds", id="above max at once"
+        ),
+    ],
+)
+def test_single_poll(
+    current: int, age: float, ready: int, limits: PoolLimits, desired: int, reason: str
+) -> None:
+    decision = poll(current, age, ready, limits=limits)
+    assert (decision.desired, decision.reason) == (desired, reason)
+
+
+def test_grows_immediately_and_every_poll() -> None:
+    memory = ScaleMemory()
+    replicas = [1]
+    for step in range(3):
+        decision = poll(replicas[-1], 600.0, 500, memory=memory, now=1000.0 + 15 * step)
+        memory = decision.memory
+        replicas.append(decision.desired)
+    assert replicas == [1, 5, 10, 20]
+
+
+def test_shrinks_only_after_the_stabilization_window() -> None:
+    first = poll(6, 30.0, 100, now=0.0)
+    assert first.desired == 6
+    memory, current = first.memory, first.desired
+    replicas = []
+    for now in range(15, 91, 15):  # the queue drained at t=15
+        decision = poll(current, 0.0, 0, memory=memory, now=float(now))
+        memory, current = decision.memory, decision.desired
+        replicas.append((now, decision.desired, decision.reason))
+    assert replicas[:3] == [(15, 6, "Stabilizing"), (30, 6, "Stabilizing"), (45, 6, "Stabilizing")]
+    assert replicas[3] == (60, 0, "QueueEmpty")  # every recommendation of the last 60 s is 0
+    assert replicas[4:] == [(75, 0, "QueueEmpty"), (90, 0, "QueueEmpty")]
+
+
+def test_slow_drain_steps_down_to_the_highest_recent_recommendation() -> None:
+    memory = ScaleMemory()
+    current = 8
+    seen = []
+    for now, age in [(0, 60.0), (30, 20.0), (60, 10.0), (90, 5.0), (120, 5.0)]:
+        decision = poll(current, age, 10, memory=memory, now=float(now))
+        memory, current = decision.memory, decision.desired
+        seen.append(current)
+    # t=0 grows (age/target = 2: 8 -> 16); t=30 holds (60 s not yet observed); from t=60 on,
+    # each poll shrinks to the highest recommendation of the last 60 s: 11 (t=30), 6, 2.
+    assert seen == [16, 16, 11, 6, 2]
+
+
+def test_never_below_one_while_jobs_are_ready() -> None:
+    memory = ScaleMemory(window_start=0.0, recommendations=(), last_desired=5)
+    decision = poll(5, 0.1, 3, memory=memory, now=1000.0)
+    assert decision.desired == 1
+
+
+def test_a_manual_change_restarts_the_window() -> None:
+    memory = ScaleMemory(window_start=0.0, recommendations=((990.0, 0),), last_desired=2)
+    decision = poll(8, 0.0, 0, memory=memory, now=1000.0)
+    assert (decision.desired, decision.reason) == (8, "Stabilizing")
+    later = poll(8, 0.0, 0, memory=decision.memory, now=1060.0)
+    assert later.desired == 0
+
+
+def test_a_manual_change_above_max_is_clamped_once() -> None:
+    memory = ScaleMemory(window_start=0.0, last_desired=3)
+    decision = poll(40, 0.0, 5, memory=memory, now=1000.0)
+    assert (decision.desired, decision.reason) == (20, "OutOfBounds")
+
+
+def test_zero_stabilization_shrinks_at_once() -> None:
+    limits = PoolLimits(1, 10, 30, 0)
+    decision = poll(7, 0.0, 0, limits=limits)
+    assert (decision.desired, decision.reason) == (1, "QueueEmpty")
+
+
+def test_the_message_carries_the_numbers() -> None:
+    decision = poll(2, 90.0, 12)
+    assert decision.message.startswith("QueueTooOld: 2 -> 6 replicas; 12 ready jobs")
+    assert "oldest waiting 90.0s (target 30s)" in decision.message
