@@ -245,6 +245,14 @@ class DatabaseCollector:
             self._conn = None
 
 
+def metric_types() -> dict[str, str]:
+    """Every metric `build_registry` serves, family name -> Prometheus type (for tests, docs)."""
+    found = {family.name: family.type for family in _families(None)}
+    for metric in (_FINISHED, _DURATION, _ATTEMPTS):
+        found.update((family.name, family.type) for family in metric.describe())
+    return found
+
+
 def build_registry(dsn: str, *, cache_seconds: float = 5.0) -> CollectorRegistry:
     """A registry with the database measures and this process's job counters."""
     registry = CollectorRegistry()

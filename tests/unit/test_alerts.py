@@ -1,0 +1,60 @@
+"""The alerting rules shipped in the chart: well formed, documented, reading real metrics."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from promql_names import known_metrics, metric_names
+
+ROOT = Path(__file__).parents[2]
+ALERTS = ROOT / "charts" / "rota" / "files" / "alerts.yaml"
+EXPECTED = {
+    "RotaDeadJobsPresent",
+    "RotaDeadJobsGrowing",
+    "RotaQueueAgeHigh",
+    "RotaLeaseExpirationsHigh",
+    "RotaScheduleSlotsMissed",
+    "RotaWorkersAbsent",
+}
+
+
+def rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def anchors() -> set[str]:
+    """GitHub's anchors for the headings of the docs that hold the runbooks."""
+    found = set()
+    for path in (ROOT / "docs" / "observability.md", ROOT / "README.md"):
+        if path.exists():
+            for heading in re.findall(r"^#+\s+(.+)$", path.read_text(), re.MULTILINE):
+                found.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return found
+
+
+def test_the_promised_alerts_ship():
+    names = [rule["alert"] for rule in rules()]
+    assert sorted(names) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_rule_reads_existing_metrics(rule):
+    names = metric_names(rule["expr"])
+    assert names, rule["expr"]
+    assert names <= known_metrics(), names - known_metrics()
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_rule_has_severity_summary_duration_and_runbook(rule):
+    assert rule["labels"]["severity"] in {"warning", "critical"}
+    assert re.fullmatch(r"\d+[smh]", rule["for"])
+    summary = rule["annotations"]["summary"]
+    assert summary and summary.count("{{") == summary.count("}}")
+    page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+    assert page == "README.md" and anchor == rule["alert"].lower()
+    assert anchor in anchors(), f"no runbook section for {rule['alert']}"

@@ -1,0 +1,114 @@
+"""The Grafana dashboard shipped in the chart: valid, complete, and reading real metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from promql_names import known_metrics, metric_names
+
+DASHBOARD = Path(__file__).parents[2] / "charts" / "rota" / "files" / "dashboard.json"
+# Section 7 of the design: every measure has a place on the dashboard.
+MEASURES = {
+    "rota_oldest_ready_job_age_seconds",
+    "rota_jobs",
+    "rota_running_jobs",
+    "rota_job_attempts_bucket",
+    "rota_lease_expirations_total",
+    "rota_dead_jobs",
+    "rota_schedule_missed_slots_total",
+    "rota_jobs_finished_total",
+    "rota_job_duration_seconds_bucket",
+    "rota_workerpool_replicas",
+}
+BUILTIN_VARIABLES = {"__rate_interval", "__interval", "__range"}
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def targets(dashboard: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(p["title"], t) for p in dashboard["panels"] for t in p["targets"]]
+
+
+def test_every_panel_query_names_only_existing_metrics(dashboard):
+    known = known_metrics()
+    for title, target in targets(dashboard):
+        names = metric_names(target["expr"])
+        assert names <= known, (title, names - known)
+        assert names or target["legendFormat"] == "target", (title, target["expr"])
+
+
+def test_every_measure_is_on_the_dashboard(dashboard):
+    used = set().union(*(metric_names(t["expr"]) for _, t in targets(dashboard)))
+    assert used >= MEASURES, MEASURES - used
+
+
+def test_the_panels_the_docs_promise(dashboard):
+    titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
+    for words in (
+        "oldest ready",
+        "desired vs current",
+        "throughput by outcome",
+        "p50 / p95",
+        "dead-letter",
+        "lease expirations per hour",
+        "missed",
+    ):
+        assert words in titles
+
+
+def test_queue_age_panel_draws_the_workerpool_target(dashboard):
+    age = next(p for p in dashboard["panels"] if "Oldest ready" in p["title"])
+    exprs = [t["expr"] for t in age["targets"]]
+    assert "vector($target_age)" in exprs
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert float(variables["target_age"]["query"]) > 0
+
+
+def test_variables_used_are_defined(dashboard):
+    defined = {v["name"] for v in dashboard["templating"]["list"]} | BUILTIN_VARIABLES
+    text = json.dumps(dashboard["panels"])
+    used = set(re.findall(r"\$\{?(\w+)\}?", text))
+    assert used <= defined, used - defined
+
+
+def test_layout_has_unique_ids_and_no_overlap(dashboard):
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & mine, p["title"]
+        cells |= mine
+    for p in panels:
+        assert p["datasource"]["uid"] == "${datasource}"
+        assert [t["refId"] for t in p["targets"]] == [chr(65 + i) for i in range(len(p["targets"]))]
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('sum by (le) (rate(a_bucket{x="y,z"}[5m]))', {"a_bucket"}),
+        ("max(b) - max(b offset 1h) > 0 and on (t) c == bool 0", {"b", "c"}),
+        ("histogram_quantile(0.95, sum(rate(d[$__rate_interval])) by (le))", {"d"}),
+        ("vector($target_age)", set()),
+    ],
+)
+def test_promql_reader_finds_metric_names(expr, names):
+    assert metric_names(expr) == names
+
+
+@pytest.mark.parametrize("expr", ["max(rate(x[5m])", "maxx(x)", "sum(x{a='b'}"])
+def test_promql_reader_rejects_typos(expr):
+    with pytest.raises(ValueError):
+        metric_names(expr)
