@@ -1,0 +1,225 @@
+"""What every queue's benchmark shares: timing a drain, spawning workers, percentiles.
+
+A drain is timed from the outside, the same way for every queue: worker
+processes start on a database where the jobs wait, and a separate connection
+counts the unfinished jobs every few milliseconds until none are left. The
+rate is taken from the first count that shows progress to the last, so the
+seconds a process needs to import its library and connect do not count
+against any queue; the wall time from spawning is reported beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository: worker processes run here so `bench.*` modules import."""
+
+POLL_SECONDS = 0.05
+_logs: dict[int, IO[bytes]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Drain:
+    """How fast some worker processes emptied a queue of no-op jobs."""
+
+    jobs: int
+    processes: int
+    rate: float
+    """Jobs per second from the first progress seen to the last job done."""
+    wall_seconds: float
+    """From spawning the processes until the last job was done."""
+    settings: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Latency:
+    """Enqueue-to-start delays of jobs enqueued one at a time to an idle worker."""
+
+    jobs: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    settings: str
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile (`fraction` in 0..1) of `values`."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def latency_from_file(path: Path, settings: str) -> Latency:
+    """Read the "enqueued started" lines that handlers appended (seconds, host clock)."""
+    delays = []
+    for line in path.read_text().splitlines():
+        enqueued, started = (float(x) for x in line.split())
+        delays.append((started - enqueued) * 1000)
+    return Latency(
+        jobs=len(delays),
+        p50_ms=percentile(delays, 0.5),
+        p99_ms=percentile(delays, 0.99),
+        max_ms=max(delays),
+        settings=settings,
+    )
+
+
+def record_start(path: str, enqueued: float) -> None:
+    """What a latency handler does first: note when it started, beside when it was enqueued."""
+    started = time.time()
+    with open(path, "a") as out:
+        out.write(f"{enqueued!r} {started!r}\n")
+
+
+def spawn(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a Python worker process in the repository; its log goes to a temporary file."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
+    process = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    _logs[process.pid] = log
+    return process
+
+
+def stop(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    """SIGTERM every process, wait for them, and fail loudly if one crashed."""
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in processes:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        log = _logs.pop(p.pid, None)
+        if log is not None:
+            log.close()
+
+
+def crashed(processes: Sequence[subprocess.Popen[bytes]]) -> str | None:
+    """The stderr of the first worker that exited on its own, if any did."""
+    for p in processes:
+        if p.poll() is not None:
+            log = _logs[p.pid]
+            log.seek(0)
+            err = log.read().decode(errors="replace")
+            return f"worker exited with {p.returncode}: {err[-2000:]}"
+    return None
+
+
+def timed_drain(
+    dsn: str,
+    remaining_sql: str,
+    jobs: int,
+    start: Callable[[], list[subprocess.Popen[bytes]]],
+    settings: str,
+    timeout: float = 600.0,
+) -> Drain:
+    """Start the workers and count down `remaining_sql` until it reaches zero."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _settle(conn)
+        spawned = time.perf_counter()
+        processes = start()
+        first: tuple[float, int] | None = None
+        try:
+            while True:
+                now = time.perf_counter()
+                left = _count(conn, remaining_sql)
+                if first is None and left < jobs:
+                    first = (now, left)
+                if left == 0:
+                    break
+                if now - spawned > timeout:
+                    raise RuntimeError(f"drain did not finish in {timeout}s ({left} left)")
+                failure = crashed(processes)
+                if failure:
+                    raise RuntimeError(failure)
+                time.sleep(POLL_SECONDS)
+        finally:
+            stop(processes)
+    assert first is not None
+    since, left_then = first
+    rate = left_then / max(now - since, 1e-9) if left_then else jobs / max(now - spawned, 1e-9)
+    return Drain(jobs, len(processes), rate, now - spawned, settings)
+
+
+def _count(conn: psycopg.Connection, query: str) -> int:
+    row = conn.execute(query.encode()).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _settle(conn: psycopg.Connection) -> None:
+    """Same start for every queue: fresh statistics, no checkpoint pending mid-run."""
+    conn.execute(b"ANALYZE")
+    conn.execute(b"CHECKPOINT")
+
+
+def timed_latency(
+    start: Callable[[], list[subprocess.Popen[bytes]]],
+    send: Callable[[dict[str, object]], None],
+    jobs: int,
+    gap: float,
+    settings: str,
+) -> Latency:
+    """Enqueue `jobs` one at a time, `gap` seconds apart, to one idle worker.
+
+    Each payload carries the host time just before the enqueue call and a file
+    the handler appends its own start time to: worker and benchmark share the
+    host clock, and the delay includes the enqueue's commit.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="rota-bench-"))
+    workers = start()
+    try:
+        warm = workdir / "warm-up"
+        _send_timed(send, warm, 5, gap)
+        wait_until(lambda: _lines(warm) == 5, 60, "the worker to start")
+        measured = workdir / "latency"
+        calls = _send_timed(send, measured, jobs, gap)
+        wait_until(lambda: _lines(measured) == jobs, 60, "the latency jobs")
+    finally:
+        stop(workers)
+    note = f"{settings}; the enqueue call alone: p50 {percentile(calls, 0.5):.2f} ms"
+    return latency_from_file(measured, note)
+
+
+def _send_timed(
+    send: Callable[[dict[str, object]], None], path: Path, jobs: int, gap: float
+) -> list[float]:
+    """Send latency jobs; return how long each enqueue call took (ms)."""
+    durations = []
+    for _ in range(jobs):
+        began = time.time()
+        send({"t": began, "path": str(path)})
+        durations.append((time.time() - began) * 1000)
+        time.sleep(gap)
+    return durations
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)

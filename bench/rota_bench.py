@@ -1,0 +1,102 @@
+"""Rota's side of the benchmark: enqueue rates, drain rates, enqueue-to-start latency.
+
+Workers are real `rota worker` processes started the way an operator would
+start them, with the reaper and scheduler off so that only the queue path is
+measured. Every measurement gets a fresh, migrated database.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import rota
+from bench.measure import Drain, Latency, spawn, timed_drain, timed_latency
+from rota import db
+
+NewDatabase = Callable[[str], str]
+"""Creates an empty database with the given name and returns its URL."""
+
+REMAINING = "SELECT count(*) FROM rota.job WHERE status IN ('ready', 'running')"
+BATCH = 1000
+
+
+def fresh(new_database: NewDatabase, name: str) -> str:
+    dsn = new_database(name)
+    rota.migrate(dsn)
+    return dsn
+
+
+def worker_command(concurrency: int) -> list[str]:
+    return [
+        "-m",
+        "rota",
+        "worker",
+        "--handlers",
+        "bench.handlers",
+        "--concurrency",
+        str(concurrency),
+        "--lease",
+        "30",
+        "--no-scheduler",
+        "--no-reaper",
+    ]
+
+
+def start_workers(dsn: str, processes: int, concurrency: int) -> list:
+    env = {"ROTA_DATABASE_URL": dsn}
+    return [spawn(worker_command(concurrency), env) for _ in range(processes)]
+
+
+def enqueue_single(dsn: str, jobs: int) -> float:
+    """Jobs per second, one `rota.enqueue` (one transaction, one commit) each."""
+    with db.connect(dsn) as conn:
+        began = time.perf_counter()
+        for i in range(jobs):
+            rota.enqueue(conn, "bench.noop", {"i": i})
+        return jobs / (time.perf_counter() - began)
+
+
+def enqueue_batches(dsn: str, jobs: int, batch: int = BATCH) -> float:
+    """Jobs per second with `rota.enqueue_many` of `batch` jobs per call."""
+    with db.connect(dsn) as conn:
+        began = time.perf_counter()
+        for start in range(0, jobs, batch):
+            rota.enqueue_many(
+                conn,
+                [
+                    rota.NewJob("bench.noop", {"i": i})
+                    for i in range(start, min(start + batch, jobs))
+                ],
+            )
+        return jobs / (time.perf_counter() - began)
+
+
+def drain(new_database: NewDatabase, jobs: int, processes: int, concurrency: int) -> Drain:
+    """Pre-enqueue `jobs` no-op jobs, then time `processes` workers emptying the queue."""
+    dsn = fresh(new_database, f"rota_drain_{processes}")
+    enqueue_batches(dsn, jobs)
+    return timed_drain(
+        dsn,
+        REMAINING,
+        jobs,
+        lambda: start_workers(dsn, processes, concurrency),
+        f"concurrency {concurrency} per process (claims up to the free slots)",
+    )
+
+
+def latency(new_database: NewDatabase, jobs: int, gap: float, concurrency: int = 10) -> Latency:
+    """Enqueue-to-start delays of jobs sent one at a time to one idle worker."""
+    dsn = fresh(new_database, "rota_latency")
+    with db.connect(dsn) as conn:
+        return timed_latency(
+            lambda: start_workers(dsn, 1, concurrency),
+            lambda payload: _enqueue_latency_job(conn, payload),
+            jobs,
+            gap,
+            f"1 worker, concurrency {concurrency}, woken by LISTEN/NOTIFY",
+        )
+
+
+def _enqueue_latency_job(conn: db.Conn, payload: dict[str, object]) -> None:
+    rota.enqueue(conn, "bench.latency", payload)
