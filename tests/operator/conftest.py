@@ -9,6 +9,7 @@ conditions with deadlines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -126,22 +127,36 @@ def kube_api() -> Iterator[Api]:
 
 
 @pytest.fixture
+def run_operator(
+    kube_api: Api, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[str], contextlib.AbstractContextManager[KopfRunner]]:
+    """Start the operator (standalone, all namespaces) on a database URL of the test's choice."""
+
+    @contextlib.contextmanager
+    def start(database_url: str) -> Iterator[KopfRunner]:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(_kubeconfig(kube_api.url))
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setenv("ROTA_DATABASE_URL", database_url)
+        monkeypatch.setenv("ROTA_STANDALONE", "true")
+        monkeypatch.setenv("ROTA_METRICS_PORT", "0")
+        monkeypatch.setenv("ROTA_METRICS_HOST", "127.0.0.1")
+        monkeypatch.setenv("ROTA_RETRY_MAX_SECONDS", "1")
+        args = ["run", "-m", "rota_operator", "--all-namespaces", "--standalone", "--verbose"]
+        with KopfRunner(args, timeout=60) as runner:
+            yield runner
+        assert runner.exception is None, runner.output
+
+    return start
+
+
+@pytest.fixture
 def operator(
-    db_url: str, kube_api: Api, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    db_url: str, run_operator: Callable[[str], contextlib.AbstractContextManager[KopfRunner]]
 ) -> Iterator[KopfRunner]:
-    """The operator running (standalone, all namespaces) until the test ends."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(_kubeconfig(kube_api.url))
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
-    monkeypatch.setenv("ROTA_STANDALONE", "true")
-    monkeypatch.setenv("ROTA_METRICS_PORT", "0")
-    monkeypatch.setenv("ROTA_METRICS_HOST", "127.0.0.1")
-    monkeypatch.setenv("ROTA_RETRY_MAX_SECONDS", "1")
-    args = ["run", "-m", "rota_operator", "--all-namespaces", "--standalone", "--verbose"]
-    with KopfRunner(args, timeout=60) as runner:
+    """The operator running on the test's database until the test ends."""
+    with run_operator(db_url) as runner:
         yield runner
-    assert runner.exception is None, runner.output
 
 
 def _kubeconfig(url: str) -> str:

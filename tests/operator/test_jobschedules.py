@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from conftest import Api, wait_for
@@ -116,3 +119,35 @@ def test_the_timer_restores_a_row_removed_behind_its_back(
 def _with_status(api: Api, name: str, field: str) -> dict[str, Any] | None:
     obj = api.get(f"{PATH}/{name}")
     return obj if obj and (obj.get("status") or {}).get(field) else None
+
+
+def test_a_database_outage_is_retried_until_it_ends(
+    run_operator: Callable[[str], AbstractContextManager[KopfRunner]],
+    kube_api: Api,
+    pg_server: Any,
+    template_db: str,
+) -> None:
+    name = f"rota_late_{uuid.uuid4().hex[:8]}"
+    late_url = pg_server.url(name)  # this database does not exist yet
+    with run_operator(late_url):
+        kube_api.create(PATH, job_schedule("patient"))
+        condition = wait_for(
+            lambda: ready_condition(kube_api.get(f"{PATH}/patient")), what="Ready=False"
+        )
+        assert (condition["status"], condition["reason"]) == ("False", "DatabaseUnavailable")
+
+        pg_server.create(name, template=template_db)
+        try:
+            wait_for(
+                lambda: schedules.get(late_url, "default/patient"), what="the row after the outage"
+            )
+            wait_for(
+                lambda: (
+                    (ready_condition(kube_api.get(f"{PATH}/patient")) or {}).get("status") == "True"
+                ),
+                what="Ready=True after the outage",
+            )
+        finally:
+            kube_api.delete(f"{PATH}/patient")
+            wait_for(lambda: kube_api.get(f"{PATH}/patient") is None, what="the object gone")
+            pg_server.drop(name)

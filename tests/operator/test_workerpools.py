@@ -1,0 +1,131 @@
+"""WorkerPool: the operator scales a Deployment on the age of the queue.
+
+The emulator has no Deployment controller, so `controller()` plays it: it
+copies spec.replicas into status.replicas, as running pods would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from conftest import Api, wait_for
+from kopf.testing import KopfRunner
+from prometheus_client import generate_latest
+
+from rota_operator import metrics
+
+NS = "default"
+POOLS = f"/apis/rota.dev/v1/namespaces/{NS}/workerpools"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+
+
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}},
+        "status": {"replicas": replicas},
+    }
+
+
+def worker_pool(name: str, target: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "rota.dev/v1",
+        "kind": "WorkerPool",
+        "metadata": {"name": name},
+        "spec": {
+            "scaleTargetRef": {"name": target},
+            "jobTypes": ["email.send"],
+            "minReplicas": 0,
+            "maxReplicas": 5,
+            "targetQueueAgeSeconds": 10,
+            "scaleDownStabilizationSeconds": 2,
+            "pollIntervalSeconds": 1,
+            **spec,
+        },
+    }
+
+
+def controller(api: Api, name: str) -> int:
+    """Play the Deployment controller once; return the replicas now running."""
+    obj = api.get(f"{DEPLOYMENTS}/{name}")
+    wanted = obj["spec"]["replicas"]
+    if obj.get("status", {}).get("replicas") != wanted:
+        api.patch(f"{DEPLOYMENTS}/{name}/status", {"status": {"replicas": wanted}})
+    return int(wanted)
+
+
+def add_ready_jobs(conn: psycopg.Connection[Any], count: int, age_seconds: int, type_: str) -> None:
+    conn.execute(
+        "INSERT INTO rota.job (type, run_at)"
+        " SELECT %(type)s, now() - make_interval(secs => %(age)s) FROM generate_series(1, %(n)s)",
+        {"type": type_, "age": age_seconds, "n": count},
+    )
+
+
+def test_grows_with_an_old_queue_and_shrinks_after_it_drains(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any]
+) -> None:
+    kube_api.create(DEPLOYMENTS, deployment("mailers", 0))
+    add_ready_jobs(conn, 20, age_seconds=120, type_="email.send")
+    add_ready_jobs(conn, 50, age_seconds=900, type_="other.type")  # not this pool's business
+    kube_api.create(POOLS, worker_pool("mail", "mailers"))
+
+    wait_for(lambda: controller(kube_api, "mailers") == 5, what="5 replicas")
+    pool = wait_for(lambda: _status(kube_api, "mail", "currentReplicas", 5), what="status")
+    assert pool["status"]["desiredReplicas"] == 5
+    assert pool["status"]["readyJobs"] == 20
+    assert pool["status"]["oldestReadyAgeSeconds"] >= 120
+    assert pool["status"]["lastScaleTime"]
+    scaled = [e for e in kube_api.events(NS, "mail") if e["reason"] == "Scaled"]
+    assert scaled[0]["type"] == "Normal"
+    assert scaled[0]["message"].startswith("ScaleFromZero: 0 -> 5 replicas; 20 ready jobs")
+    exposition = generate_latest(metrics.REGISTRY).decode()
+    assert 'rota_workerpool_replicas{kind="desired",pool="default/mail"} 5.0' in exposition
+
+    conn.execute(
+        "UPDATE rota.job SET status = 'done', finished_at = now() WHERE type = 'email.send'"
+    )
+    wait_for(lambda: controller(kube_api, "mailers") == 0, what="scaled to zero")
+    messages = [e["message"] for e in kube_api.events(NS, "mail") if e["reason"] == "Scaled"]
+    assert messages[-1].startswith("QueueEmpty: 5 -> 0 replicas; 0 ready jobs")
+
+
+def test_zero_to_one_as_soon_as_one_job_is_ready(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any]
+) -> None:
+    kube_api.create(DEPLOYMENTS, deployment("idle", 0))
+    kube_api.create(POOLS, worker_pool("idle", "idle", scaleDownStabilizationSeconds=600))
+    wait_for(lambda: _status(kube_api, "idle", "desiredReplicas", 0), what="a first poll")
+
+    add_ready_jobs(conn, 1, age_seconds=0, type_="email.send")
+    wait_for(lambda: controller(kube_api, "idle") == 1, what="one replica")
+
+
+def test_a_missing_deployment_is_a_condition_not_a_crash(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any]
+) -> None:
+    kube_api.create(POOLS, worker_pool("orphan", "nowhere"))
+    condition = wait_for(lambda: _ready(kube_api, "orphan"), what="a Ready condition")
+    assert (condition["status"], condition["reason"]) == ("False", "TargetNotFound")
+    warnings = [e for e in kube_api.events(NS, "orphan") if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["TargetNotFound"]
+
+    kube_api.create(DEPLOYMENTS, deployment("nowhere", 2))
+    condition = wait_for(
+        lambda: (c := _ready(kube_api, "orphan")) and c["status"] == "True" and c,
+        what="Ready once the Deployment exists",
+    )
+    assert condition["reason"] == "Stabilizing"  # empty queue, but no shrink before the window
+
+
+def _status(api: Api, name: str, field: str, value: Any) -> dict[str, Any] | None:
+    obj = api.get(f"{POOLS}/{name}")
+    return obj if (obj.get("status") or {}).get(field) == value else None
+
+
+def _ready(api: Api, name: str) -> dict[str, Any] | None:
+    conditions = (api.get(f"{POOLS}/{name}").get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), None)
