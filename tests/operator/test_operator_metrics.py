@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-
 from rota_operator import metrics
 
 
