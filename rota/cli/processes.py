@@ -125,11 +125,19 @@ def cmd_reaper(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    try:
-        from rota.scheduler import Scheduler
-    except ImportError:  # pragma: no cover
-        raise UsageError("this installation has no scheduler") from None
-    return _loop(Scheduler(), args.once)
+    from rota.scheduler import Scheduler
+
+    dsn = database_url()
+    require_current(dsn)
+    scheduler = Scheduler()
+    if args.once:
+        log.info("scheduler: %s", scheduler.run_once(dsn))
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    scheduler.run(dsn, stop)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

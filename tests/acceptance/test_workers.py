@@ -202,3 +202,29 @@ def test_sigterm_lets_running_jobs_finish_and_gives_back_the_rest(
     rows = {r["id"]: r for r in conn.execute("SELECT id, status, attempts FROM rota.job")}
     assert rows[quick]["status"] == "done"
     assert (rows[stuck]["status"], rows[stuck]["attempts"]) == ("ready", 0)
+
+
+def test_the_scheduler_inside_a_worker_enqueues_a_due_slot_that_the_worker_runs(
+    db_url: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    from rota import schedules
+
+    row = schedules.upsert(db_url, schedules.ScheduleSpec("every-minute", "noop", "* * * * *"))
+    conn.execute(
+        "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now()) - interval '1 minute'"
+        " WHERE id = %s",
+        (row["id"],),
+    )
+    worker = WorkerProcess(db_url, log=tmp_path / "w.log")
+    try:
+        wait_for(
+            lambda: (
+                scalar(conn, "SELECT status FROM rota.job WHERE schedule_id = %s", row["id"])
+                == "done"
+            ),
+            what="the scheduled job to run",
+        )
+    finally:
+        assert worker.stop() == 0
+    key = scalar(conn, "SELECT idempotency_key FROM rota.job WHERE schedule_id = %s", row["id"])
+    assert key.startswith(f"schedule:{row['id']}:")

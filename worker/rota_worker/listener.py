@@ -1,4 +1,4 @@
-"""LISTEN for wake-ups: new jobs (channel rota_jobs) and schedule changes (rota_schedule).
+"""LISTEN for wake-ups: new jobs that can run now (channel rota_jobs).
 
 Runs in a thread of its own with a dedicated connection, and turns each
 notification into an asyncio event set on the worker's loop. Notifications are
@@ -17,7 +17,6 @@ from rota.errors import RotaError
 log = logging.getLogger("rota.worker")
 
 JOBS_CHANNEL = "rota_jobs"
-SCHEDULE_CHANNEL = "rota_schedule"
 
 
 class Listener(threading.Thread):

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +31,10 @@ from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
 from rota_worker.execute import Ran, run_handler
 from rota_worker.link import Backoff, Link
-from rota_worker.listener import JOBS_CHANNEL, SCHEDULE_CHANNEL, Listener
+from rota_worker.listener import JOBS_CHANNEL, Listener
 from rota_worker.outcomes import record, settle_unwritten
 from rota_worker.probes import serve
-from rota_worker.services import Service, default_services, run_service
+from rota_worker.services import Service, default_services, run_service, start_scheduler
 from rota_worker.settings import WorkerSettings
 
 log = logging.getLogger("rota.worker")
@@ -77,7 +78,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._flush_wake = asyncio.Event()
-        self._wake = {JOBS_CHANNEL: asyncio.Event(), SCHEDULE_CHANNEL: asyncio.Event()}
+        self._wake = {JOBS_CHANNEL: asyncio.Event()}
         if install_signals:
             import signal
 
@@ -99,12 +100,13 @@ class Worker:
             asyncio.create_task(self._flush_loop(links["flush"])),
             asyncio.create_task(self._heartbeat_loop(links["heartbeat"])),
             *(
-                asyncio.create_task(
-                    run_service(s, self.dsn, io, self._stopping, self._wake[SCHEDULE_CHANNEL])
-                )
+                asyncio.create_task(run_service(s, self.dsn, io, self._stopping))
                 for s in self.services
             ),
         ]
+        scheduler_stop = threading.Event()
+        if self.settings.run_scheduler:
+            start_scheduler(self.dsn, scheduler_stop)
         try:
             await self._claim_loop(links["claim"], threads)
             await self._shut_down()
@@ -113,6 +115,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             listener.stop()
+            scheduler_stop.set()
             if probes is not None:
                 probes.shutdown()
             for link in links.values():
