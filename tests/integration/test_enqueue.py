@@ -22,7 +22,11 @@ def test_enqueue_one_job_with_defaults(conn: psycopg.Connection[Any]) -> None:
     job_id = rota.enqueue(conn, "email.send", {"to": "a@example.com"})
     [row] = rows(conn)
     assert row["id"] == job_id
-    assert (row["type"], row["payload"], row["status"]) == ("email.send", {"to": "a@example.com"}, "ready")
+    assert (row["type"], row["payload"], row["status"]) == (
+        "email.send",
+        {"to": "a@example.com"},
+        "ready",
+    )
     assert (row["attempts"], row["max_attempts"], row["idempotency_key"]) == (0, 20, None)
     assert row["run_at"] == row["created_at"]
 

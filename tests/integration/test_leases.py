@@ -28,13 +28,19 @@ def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     return conn.execute("SELECT * FROM rota.job WHERE id = %s", (job_id,)).fetchone()  # type: ignore[return-value]
 
 
-def test_claim_marks_running_with_a_lease_and_counts_the_attempt(conn: psycopg.Connection[Any]) -> None:
+def test_claim_marks_running_with_a_lease_and_counts_the_attempt(
+    conn: psycopg.Connection[Any],
+) -> None:
     job_id = rota.enqueue(conn, "t", now=T0)
     [job] = claims.claim(conn, "w1", 10, 30, now=at(1))
     assert (job.id, job.attempts, job.locked_by) == (job_id, 1, "w1")
     r = row(conn, job_id)
     assert (r["status"], r["locked_by"], r["locked_until"], r["started_at"]) == (
-        "running", "w1", at(31), at(1))
+        "running",
+        "w1",
+        at(31),
+        at(1),
+    )
 
 
 def test_claim_respects_run_at_types_and_limit(conn: psycopg.Connection[Any]) -> None:
@@ -78,26 +84,44 @@ def test_heartbeat_extends_only_leases_still_held(conn: psycopg.Connection[Any])
 
 
 def test_outcomes(conn: psycopg.Connection[Any]) -> None:
-    ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=m) for m in (5, 5, 5, 1, 5)], now=T0)
+    ids = rota.enqueue_many(
+        conn, [rota.NewJob("t", max_attempts=m) for m in (5, 5, 5, 1, 5)], now=T0
+    )
     claims.claim(conn, "w", 10, 30, now=at(0))
-    written = claims.finish(conn, "w", [
-        Finish(ids[0], 1, "done"),
-        Finish(ids[1], 1, "failed", error="Permanent: bad payload"),
-        Finish(ids[2], 1, "retry", 10, "ValueError: x"),
-        Finish(ids[3], 1, "retry", 10, "ValueError: y"),
-        Finish(ids[4], 1, "release", 0, "Released: worker shut down"),
-    ], now=at(5))
+    written = claims.finish(
+        conn,
+        "w",
+        [
+            Finish(ids[0], 1, "done"),
+            Finish(ids[1], 1, "failed", error="Permanent: bad payload"),
+            Finish(ids[2], 1, "retry", 10, "ValueError: x"),
+            Finish(ids[3], 1, "retry", 10, "ValueError: y"),
+            Finish(ids[4], 1, "release", 0, "Released: worker shut down"),
+        ],
+        now=at(5),
+    )
     assert {w.job_id: w.status for w in written} == {
-        ids[0]: "done", ids[1]: "failed", ids[2]: "ready", ids[3]: "dead", ids[4]: "ready"}
+        ids[0]: "done",
+        ids[1]: "failed",
+        ids[2]: "ready",
+        ids[3]: "dead",
+        ids[4]: "ready",
+    }
     assert row(conn, ids[0])["finished_at"] == at(5)
     retried = row(conn, ids[2])
-    assert (retried["run_at"], retried["attempts"], retried["last_error"]) == (at(15), 1, "ValueError: x")
+    assert (retried["run_at"], retried["attempts"], retried["last_error"]) == (
+        at(15),
+        1,
+        "ValueError: x",
+    )
     assert row(conn, ids[3])["finished_at"] == at(5)
     released = row(conn, ids[4])
     assert (released["attempts"], released["run_at"]) == (0, at(5))
 
 
-def test_a_late_finisher_whose_lease_was_taken_changes_nothing(conn: psycopg.Connection[Any]) -> None:
+def test_a_late_finisher_whose_lease_was_taken_changes_nothing(
+    conn: psycopg.Connection[Any],
+) -> None:
     job_id = rota.enqueue(conn, "t", now=T0)
     claims.claim(conn, "slow", 1, 30, now=at(0))
     Reaper().run_once(conn, now=at(31))
@@ -109,7 +133,9 @@ def test_a_late_finisher_whose_lease_was_taken_changes_nothing(conn: psycopg.Con
     assert row(conn, job_id)["status"] == "done"
 
 
-def test_reaper_requeues_expired_leases_and_counts_them_by_hour(conn: psycopg.Connection[Any]) -> None:
+def test_reaper_requeues_expired_leases_and_counts_them_by_hour(
+    conn: psycopg.Connection[Any],
+) -> None:
     ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=m) for m in (3, 1, 3)], now=T0)
     claims.claim(conn, "w", 10, 30, now=at(0))
     claims.extend_leases(conn, "w", {ids[2]: 1}, 600, now=at(10))
@@ -142,13 +168,20 @@ def test_reaper_works_in_capped_batches_and_many_reapers_do_not_double(db_url: s
     assert len(reset) == 1000 == len(set(reset))
     with psycopg.connect(db_url) as c:
         assert c.execute("SELECT sum(count) FROM rota.lease_expiration").fetchone() == (1000,)
-        assert c.execute("SELECT count(*) FROM rota.job WHERE status = 'ready'").fetchone() == (1000,)
+        assert c.execute("SELECT count(*) FROM rota.job WHERE status = 'ready'").fetchone() == (
+            1000,
+        )
 
 
 def test_dead_jobs_come_back_with_fresh_attempts(conn: psycopg.Connection[Any]) -> None:
     a, b, c = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=1) for _ in range(3)], now=T0)
     claims.claim(conn, "w", 10, 30, now=at(0))
-    claims.finish(conn, "w", [Finish(i, 1, "retry", 1, "boom") for i in (a, b)] + [Finish(c, 1, "done")], now=at(1))
+    claims.finish(
+        conn,
+        "w",
+        [Finish(i, 1, "retry", 1, "boom") for i in (a, b)] + [Finish(c, 1, "done")],
+        now=at(1),
+    )
     assert retry_dead(conn, [a, c], now=at(2)) == [a]
     r = row(conn, a)
     assert (r["status"], r["attempts"], r["run_at"], r["last_error"]) == ("ready", 0, at(2), "boom")

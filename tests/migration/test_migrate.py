@@ -17,8 +17,13 @@ from rota.migrate import applied, migrate, require_current
 def test_concurrent_migrate_processes_apply_each_migration_once(empty_db_url: str) -> None:
     env = dict(os.environ, ROTA_DATABASE_URL=empty_db_url)
     procs = [
-        subprocess.Popen([sys.executable, "-m", "rota", "migrate"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "rota", "migrate"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(5)
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
@@ -36,21 +41,45 @@ def test_migrate_twice_is_a_no_op_and_schema_is_complete(empty_db_url: str) -> N
     assert migrate(empty_db_url) == []
     require_current(empty_db_url)
     with psycopg.connect(empty_db_url) as conn:
-        tables = {r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'rota'")}
-        columns = {r[0] for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns"
-            " WHERE table_schema = 'rota' AND table_name = 'job'")}
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'rota'"
+            )
+        }
+        columns = {
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema = 'rota' AND table_name = 'job'"
+            )
+        }
     assert {"job", "schedule", "migrations", "lease_expiration", "job_effect"} <= tables
-    assert {"id", "type", "payload", "idempotency_key", "status", "run_at", "attempts",
-            "max_attempts", "locked_by", "locked_until", "last_error", "created_at",
-            "started_at", "finished_at", "schedule_id", "slot"} <= columns
+    assert {
+        "id",
+        "type",
+        "payload",
+        "idempotency_key",
+        "status",
+        "run_at",
+        "attempts",
+        "max_attempts",
+        "locked_by",
+        "locked_until",
+        "last_error",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "schedule_id",
+        "slot",
+    } <= columns
 
 
 def test_claiming_uses_the_ready_index_among_many_done_rows(conn: psycopg.Connection) -> None:  # type: ignore[type-arg]
     conn.execute(
         "INSERT INTO rota.job (type, status, finished_at)"
-        " SELECT 't', 'done', now() FROM generate_series(1, 100000)")
+        " SELECT 't', 'done', now() FROM generate_series(1, 100000)"
+    )
     conn.execute("INSERT INTO rota.job (type) SELECT 't' FROM generate_series(1, 10)")
     conn.execute("ANALYZE rota.job")
     plan = conn.execute(

@@ -42,7 +42,7 @@ def test_invalid_backoff_settings_are_refused() -> None:
 def _raise(exc: BaseException) -> BaseException:
     try:
         raise exc
-    except BaseException as caught:  # noqa: BLE001
+    except BaseException as caught:
         return caught
 
 
