@@ -64,9 +64,8 @@ def load_handlers(modules: list[str]) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from rota_worker import Worker, WorkerSettings
-
     from rota.settings import ReaperSettings
+    from rota_worker import Worker, WorkerSettings
 
     sys.path.insert(0, ".")
     load_handlers(args.handlers)
