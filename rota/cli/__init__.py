@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from rota import logs
 from rota.cli.common import UsageError
 from rota.errors import InvalidInput, RotaError
 
@@ -34,6 +36,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rota", description="Jobs and schedules on PostgreSQL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("ROTA_LOG_FORMAT", "text"),
+        help="log lines as text or as JSON objects (default: ROTA_LOG_FORMAT or text)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in _MODULES:
@@ -50,20 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-            stream=sys.stderr,
-        )
+        logs.configure(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
         return int(args.func(args) or 0)
     except (UsageError, InvalidInput) as exc:
-        print(f"rota: error: {exc}", file=sys.stderr)
+        print(f"rota: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except RotaError as exc:
-        print(f"rota: {exc}", file=sys.stderr)
+        print(f"rota: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
 
 
 def run() -> None:
