@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     settings.peering.name = config.peering_name
     settings.peering.standalone = config.standalone or settings.peering.standalone
+    if not settings.peering.priority:  # unless `kopf run --priority` chose one
+        settings.peering.priority = config.peering_priority or random.randint(1, 2**31 - 1)
     settings.posting.level = logging.WARNING
     memo.metrics_runner = None
     if config.metrics_port >= 0:

@@ -40,6 +40,14 @@ class Settings:
     standalone: bool = False
     """ROTA_STANDALONE: true runs without peering (one replica only, or tests)."""
 
+    peering_priority: int = 0
+    """ROTA_PEERING_PRIORITY: this replica's peering priority; 0 picks a random one.
+
+    kopf pauses every replica that sees another of the same priority, so replicas
+    sharing a peering object need distinct priorities: the highest one acts, the
+    others stand by and take over when its record expires.
+    """
+
     retry_max_seconds: float = 300.0
     """ROTA_RETRY_MAX_SECONDS: the cap of the backoff when the database is unavailable."""
 
@@ -61,6 +69,7 @@ class Settings:
             metrics_host=env.get("ROTA_METRICS_HOST", default.metrics_host),
             peering_name=env.get("ROTA_PEERING_NAME", default.peering_name),
             standalone=_flag(env.get("ROTA_STANDALONE", "")),
+            peering_priority=int(env.get("ROTA_PEERING_PRIORITY", default.peering_priority)),
             retry_max_seconds=float(env.get("ROTA_RETRY_MAX_SECONDS", default.retry_max_seconds)),
         )
 

@@ -129,20 +129,21 @@ def kube_api() -> Iterator[Api]:
 @pytest.fixture
 def run_operator(
     kube_api: Api, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> Callable[[str], contextlib.AbstractContextManager[KopfRunner]]:
+) -> Callable[..., contextlib.AbstractContextManager[KopfRunner]]:
     """Start the operator (standalone, all namespaces) on a database URL of the test's choice."""
 
     @contextlib.contextmanager
-    def start(database_url: str) -> Iterator[KopfRunner]:
+    def start(database_url: str, standalone: bool = True) -> Iterator[KopfRunner]:
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(_kubeconfig(kube_api.url))
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.setenv("ROTA_DATABASE_URL", database_url)
-        monkeypatch.setenv("ROTA_STANDALONE", "true")
+        monkeypatch.setenv("ROTA_STANDALONE", str(standalone).lower())
         monkeypatch.setenv("ROTA_METRICS_PORT", "0")
         monkeypatch.setenv("ROTA_METRICS_HOST", "127.0.0.1")
         monkeypatch.setenv("ROTA_RETRY_MAX_SECONDS", "1")
-        args = ["run", "-m", "rota_operator", "--all-namespaces", "--standalone", "--verbose"]
+        args = ["run", "-m", "rota_operator", "--all-namespaces", "--verbose"]
+        args += ["--standalone"] if standalone else []
         with KopfRunner(args, timeout=60) as runner:
             yield runner
         assert runner.exception is None, runner.output
@@ -152,7 +153,7 @@ def run_operator(
 
 @pytest.fixture
 def operator(
-    db_url: str, run_operator: Callable[[str], contextlib.AbstractContextManager[KopfRunner]]
+    db_url: str, run_operator: Callable[..., contextlib.AbstractContextManager[KopfRunner]]
 ) -> Iterator[KopfRunner]:
     """The operator running on the test's database until the test ends."""
     with run_operator(db_url) as runner:
