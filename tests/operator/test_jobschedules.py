@@ -151,3 +151,13 @@ def test_a_database_outage_is_retried_until_it_ends(
             kube_api.delete(f"{PATH}/patient")
             wait_for(lambda: kube_api.get(f"{PATH}/patient") is None, what="the object gone")
             pg_server.drop(name)
+
+
+def test_a_payload_over_the_limit_is_invalid(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    kube_api.create(PATH, job_schedule("heavy", payload={"blob": "x" * 300_000}))
+    condition = wait_for(lambda: ready_condition(kube_api.get(f"{PATH}/heavy")), what="Ready")
+    assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
+    assert "payload" in condition["message"]
+    assert schedules.get(db_url, "default/heavy") is None

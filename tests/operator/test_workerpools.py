@@ -12,6 +12,7 @@ import psycopg
 from conftest import Api, wait_for
 from kopf.testing import KopfRunner
 from prometheus_client import generate_latest
+
 from rota_operator import metrics
 
 NS = "default"
