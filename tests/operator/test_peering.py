@@ -6,8 +6,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from conftest import Api, wait_for
 from kopf.testing import KopfRunner
+from kube_client import Api, wait_for
 
 from rota import schedules
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from conftest import Api, wait_for
 from kopf.testing import KopfRunner
+from kube_client import Api, wait_for
 from prometheus_client import generate_latest
 
 from rota_operator import metrics
