@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerSettings:
-    poll_interval_seconds: float = 10.0
+    poll_interval_seconds: float = 5.0
     """Longest sleep between ticks, in seconds. The loop also wakes when the
     earliest schedule comes due and on a NOTIFY of a schedule change."""
 
@@ -68,6 +68,11 @@ class SchedulerResult:
     capped: bool = False
     """True when max_schedules_per_tick stopped the tick early."""
 
+    @property
+    def count(self) -> int:
+        """Slots acted on (enqueued, missed or skipped): worth a log line when above 0."""
+        return self.enqueued + self.missed + self.skipped
+
     def __add__(self, other: SchedulerResult) -> SchedulerResult:
         return SchedulerResult(
             self.schedules + other.schedules,
@@ -79,8 +84,25 @@ class SchedulerResult:
 
 
 class Scheduler:
+    name = "scheduler"
+    wakes_on_schedule_change = True
+    """A loop that listens on ``rota_schedule`` should tick again on a NOTIFY."""
+
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
         self.settings = settings or SchedulerSettings()
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.settings.poll_interval_seconds
+
+    def seconds_until_due(self, conn_or_dsn: ConnOrDsn) -> float:
+        """How long to sleep: until the earliest schedule is due, at most the poll interval."""
+        with connection(conn_or_dsn) as conn:
+            rows = fetch_all(conn, sql.query("schedule_earliest_due"), {"now": None})
+        wait = self.settings.poll_interval_seconds
+        if rows and rows[0]["wait"] is not None:
+            wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
+        return wait
 
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> SchedulerResult:
         """Handle every due schedule, each in its own transaction."""
@@ -170,7 +192,7 @@ class Scheduler:
                     conn = connect(dsn)
                     fetch_all(conn, sql.query("schedule_listen"))
                 result = self.run_once(conn)
-                if result.schedules:
+                if result.count:
                     log.info("scheduler tick: %s", result)
                 if not result.capped:
                     self._wait(conn, stop)
@@ -184,10 +206,7 @@ class Scheduler:
             conn.close()
 
     def _wait(self, conn: Conn, stop: threading.Event) -> None:
-        rows = fetch_all(conn, sql.query("schedule_earliest_due"), {"now": None})
-        wait = self.settings.poll_interval_seconds
-        if rows and rows[0]["wait"] is not None:
-            wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
+        wait = self.seconds_until_due(conn)
         end = time.monotonic() + wait
         with errors_wrapped():
             while not stop.is_set() and (left := end - time.monotonic()) > 0:

@@ -128,7 +128,10 @@ def test_an_archived_key_may_be_used_again(conn: Conn) -> None:
 
 def test_builtin_schedule_enqueues_the_archive_job(conn: Conn) -> None:
     later = datetime(2035, 1, 1, tzinfo=UTC)
-    conn.execute("UPDATE rota.schedule SET next_run_at = %s", (later + timedelta(minutes=5),))
+    conn.execute(
+        "UPDATE rota.schedule SET suspend = false, next_run_at = %s",
+        (later + timedelta(minutes=5),),
+    )
     scheduler = Scheduler()
     scheduler.run_once(conn, now=later + timedelta(minutes=1))
     scheduler.run_once(conn, now=later + timedelta(minutes=5, seconds=1))
