@@ -174,12 +174,21 @@ def main(argv: list[str] | None = None) -> int:
             peers=not args.only_rota,
             say=say,
         )
-    print(f"\n{platform.machine()}, {_cores()} cores, Python {platform.python_version()}\n")
+    print(
+        f"\n{platform.machine()}, {_cores()} cores, Python {platform.python_version()}, "
+        f"load average {_load()} at the end\n"
+    )
     print(table(results))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(_jsonable(results), out, indent=2)
     return 0
+
+
+def _load() -> str:
+    import os
+
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _cores() -> int:
