@@ -95,7 +95,7 @@ class Api:
         return self.request("DELETE", path)
 
     def apply_crds(self) -> None:
-        for path in sorted(CRDS.glob("*.yaml")):
+        for path in sorted([*CRDS.glob("*.yaml"), *CRDS.glob("kopf/*.yaml")]):
             for crd in yaml.safe_load_all(path.read_text()):
                 self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
