@@ -21,21 +21,39 @@ LANGUAGE sql AS $$
     ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count
 $$;
 
--- Row level, and only for rows entering or leaving done (the WHEN clauses), so
--- claims and heartbeats never call it.
-CREATE FUNCTION rota.job_done_count_row() RETURNS trigger
+-- Statement level with transition tables: one upsert per type and statement,
+-- however many rows the statement moves (a batch of 500 completions is one
+-- upsert, not 500). Row-level triggers here cost about a third of the drain
+-- throughput, measured with the benchmark.
+CREATE FUNCTION rota.job_done_count_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        IF OLD.status = 'done' THEN
-            PERFORM rota.job_done_count_add(OLD.type, -1);
-        END IF;
-    END IF;
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        IF NEW.status = 'done' THEN
-            PERFORM rota.job_done_count_add(NEW.type, 1);
-        END IF;
-    END IF;
+    INSERT INTO rota.job_done_count (type, shard, count)
+    SELECT type, mod(pg_backend_pid(), 16), count(*)
+    FROM new_rows
+    WHERE status = 'done'
+    GROUP BY type
+    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION rota.job_done_count_updated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rota.job_done_count (type, shard, count)
+    SELECT type, mod(pg_backend_pid(), 16), sum(delta)
+    FROM (
+        SELECT n.type, 1 AS delta
+        FROM new_rows n JOIN old_rows o USING (id)
+        WHERE n.status = 'done' AND (o.status <> 'done' OR o.type <> n.type)
+        UNION ALL
+        SELECT o.type, -1
+        FROM old_rows o JOIN new_rows n USING (id)
+        WHERE o.status = 'done' AND (n.status <> 'done' OR o.type <> n.type)
+    ) AS moved
+    GROUP BY type
+    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count;
     RETURN NULL;
 END
 $$;
@@ -65,15 +83,13 @@ $$;
 
 CREATE TRIGGER job_done_count_insert
     AFTER INSERT ON rota.job
-    FOR EACH ROW WHEN (NEW.status = 'done')
-    EXECUTE FUNCTION rota.job_done_count_row();
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_inserted();
 
 CREATE TRIGGER job_done_count_update
     AFTER UPDATE ON rota.job
-    FOR EACH ROW WHEN ((OLD.status = 'done' OR NEW.status = 'done')
-                       AND (OLD.status IS DISTINCT FROM NEW.status
-                            OR OLD.type IS DISTINCT FROM NEW.type))
-    EXECUTE FUNCTION rota.job_done_count_row();
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_updated();
 
 CREATE TRIGGER job_done_count_delete
     AFTER DELETE ON rota.job
