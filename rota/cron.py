@@ -18,9 +18,12 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import re
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
 
 from rota.errors import InvalidInput
 
@@ -33,15 +36,28 @@ MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
-_DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
-# name, lowest, highest, names for values (first name = lowest value)
+_RANGE = re.compile(r"(\w+)-(\w+)")
+_NAMES = {
+    name: i
+    for i, name in enumerate(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], 1
+    )
+}
+_NAMES |= {name: i for i, name in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
+
+
+def _rank(token: str) -> int:
+    """A range end as a number (croniter wraps a backwards range; classic cron refuses it)."""
+    return int(token) if token.isdigit() else _NAMES.get(token.lower(), -1)
+
+
+# name, lowest, highest value
 _FIELDS = [
-    ("minute", 0, 59, None),
-    ("hour", 0, 23, None),
-    ("day of month", 1, 31, None),
-    ("month", 1, 12, _MONTHS),
-    ("day of week", 0, 7, _DAYS),
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("day of week", 0, 6),
 ]
 # A valid expression fires at least once in this many days (Feb 29 across a
 # non-leap century year needs 8 years).
@@ -76,16 +92,41 @@ class Cron:
 
 
 def parse(expr: str) -> Cron:
-    """Parse a 5-field expression or a macro; raise `InvalidInput` saying what is wrong."""
+    """Parse a 5-field expression or a macro; raise `InvalidInput` saying what is wrong.
+
+    croniter expands the fields (names, ranges, steps, bounds); the extensions
+    it also accepts (seconds, ``L``, ``#``, ``H``) are refused, since the DST
+    rules below are defined for classic 5-field cron only.
+    """
     text = " ".join(str(expr).split())
-    fields = MACROS.get(text.lower(), text).split(" ")
     if text.startswith("@") and text.lower() not in MACROS:
         raise InvalidInput(f"invalid cron expression {text!r}: unknown macro")
+    fields = MACROS.get(text.lower(), text).split(" ")
     if len(fields) != 5:
         raise InvalidInput(
             f"invalid cron expression {text!r}: expected 5 fields, got {len(fields)}"
         )
-    values = [_field(f, spec, text) for f, spec in zip(fields, _FIELDS, strict=True)]
+    backwards = next(
+        (r for f in fields for r in _RANGE.findall(f) if _rank(r[0]) > _rank(r[1])), None
+    )
+    if backwards:
+        raise InvalidInput(
+            f"invalid cron expression {text!r}: range {'-'.join(backwards)!r} runs backwards"
+        )
+    try:
+        expanded, nth_weekday = croniter.expand(" ".join(fields))
+    except (CroniterError, ValueError) as exc:
+        raise InvalidInput(f"invalid cron expression {text!r}: {exc}") from None
+    values: list[set[int]] = []
+    for (name, low, high), entries in zip(_FIELDS, expanded, strict=True):
+        if entries == ["*"]:
+            values.append(set(range(low, high + 1)))
+        elif nth_weekday or not all(isinstance(v, int) for v in entries):
+            raise InvalidInput(
+                f"invalid cron expression {text!r}: {name} field is not classic cron"
+            )
+        else:
+            values.append(set(entries))
     weekdays = {0 if d == 7 else d for d in values[4]}
     return Cron(
         expr=text,
@@ -97,48 +138,6 @@ def parse(expr: str) -> Cron:
         day_restricted=not fields[2].startswith("*"),
         weekday_restricted=not fields[4].startswith("*"),
     )
-
-
-def _field(text: str, spec: tuple[str, int, int, list[str] | None], expr: str) -> set[int]:
-    name, low, high, names = spec
-    found: set[int] = set()
-    for part in text.split(","):
-        try:
-            found |= _part(part.lower(), low, high, names)
-        except ValueError as exc:
-            raise InvalidInput(
-                f"invalid cron expression {expr!r}: {name} field {text!r}: {exc}"
-            ) from None
-    return found
-
-
-def _part(part: str, low: int, high: int, names: list[str] | None) -> set[int]:
-    base, _, step_text = part.partition("/")
-    step = int(step_text) if step_text.isdigit() else -1
-    if "/" in part and step < 1:
-        raise ValueError(f"step must be a whole number of at least 1 in {part!r}")
-    if base == "*":
-        first, last = low, high
-    elif "-" in base:
-        first_text, last_text = base.split("-", 1)
-        first, last = _value(first_text, low, high, names), _value(last_text, low, high, names)
-        if first > last:
-            raise ValueError(f"range {base!r} runs backwards")
-    else:
-        first = _value(base, low, high, names)
-        last = high if "/" in part else first
-    return set(range(first, last + 1, max(step, 1)))
-
-
-def _value(text: str, low: int, high: int, names: list[str] | None) -> int:
-    if names and text in names:
-        return names.index(text) + low
-    if not text.isdigit():
-        raise ValueError(f"{text!r} is not a number")
-    value = int(text)
-    if not low <= value <= high:
-        raise ValueError(f"{value} is outside {low}-{high}")
-    return value
 
 
 def zone(name: str) -> ZoneInfo:
