@@ -68,6 +68,7 @@ UPDATE rota.job AS j
 SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s)
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempts)
 WHERE j.id = h.id
+  AND j.id = ANY(%(ids)s::bigint[])
   AND j.status = 'running'
   AND j.locked_by = %(worker)s
   AND j.attempts = h.attempts
@@ -103,6 +104,9 @@ SET status = CASE
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
             %(delays)s::float8[], %(errors)s::text[]) AS f(id, attempts, outcome, delay, error)
 WHERE j.id = f.id
+  -- Lets the planner reach the rows by primary key; statistics rarely know
+  -- how many rows are running and would otherwise join all of this worker's.
+  AND j.id = ANY(%(ids)s::bigint[])
   AND j.status = 'running'
   AND j.locked_by = %(worker)s
   AND j.attempts = f.attempts

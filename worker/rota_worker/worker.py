@@ -130,7 +130,13 @@ class Worker:
         wake = self._wake[JOBS_CHANNEL]
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
-            free = self.settings.concurrency - len(self._executing)
+            # Slots are free when a job can start *and* the jobs held (running,
+            # or finished with outcomes not yet written) stay under twice the
+            # concurrency: a fast queue must not claim faster than it writes.
+            free = min(
+                self.settings.concurrency - len(self._executing),
+                2 * self.settings.concurrency - len(self._held),
+            )
             if free <= 0:
                 self._slot_freed.clear()
                 await _first(self._slot_freed, self._stopping)
@@ -197,6 +203,7 @@ class Worker:
                 self._settle(batch, written, lost)
 
     def _settle(self, batch: list[Ran], written: list[Finished], lost: set[int]) -> None:
+        self._slot_freed.set()
         by_id = {w.job_id: w for w in written}
         for ran in batch:
             job = self._held.pop(ran.finish.job_id, None)
