@@ -9,6 +9,7 @@ conditions with deadlines.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 from collections.abc import Callable, Iterator
@@ -53,8 +54,14 @@ def run_operator(
         monkeypatch.setenv("ROTA_RETRY_MAX_SECONDS", "1")
         args = ["run", "-m", "rota_operator", "--all-namespaces", "--verbose"]
         args += ["--standalone"] if standalone else []
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        try:
+            with KopfRunner(args, timeout=60) as runner:
+                yield runner
+        finally:
+            # kopf's CLI logs to the stream the runner captured and closes: forget that handler.
+            root.handlers[:], root.level = handlers, level
         assert runner.exception is None, runner.output
 
     return start
