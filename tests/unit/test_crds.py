@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+
 from rota_operator import pools
 
 CRDS = pathlib.Path(__file__).parents[2] / "crds"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rota_operator.scaling import Decision, PoolLimits, QueueSample, ScaleMemory, decide
 
 LIMITS = PoolLimits(
