@@ -12,11 +12,13 @@ def main() -> None:
     """Watch ROTA_NAMESPACES (or the whole cluster) until SIGTERM."""
     settings = Settings.from_environ()
     kopf.configure(verbose=False)
+    # A peering name makes peering mandatory: without the kopf.dev CRDs the replicas wait
+    # (paused) instead of all acting at once. Standalone needs no name and no CRDs.
     kopf.run(
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
-        standalone=settings.standalone or None,
-        peering_name=settings.peering_name,
+        standalone=settings.standalone,
+        peering_name=None if settings.standalone else settings.peering_name,
     )
 
 

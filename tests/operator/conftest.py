@@ -15,7 +15,6 @@ import pathlib
 from collections.abc import Callable, Iterator
 
 import pytest
-import yaml
 
 # Read when rota_operator.handlers is imported (timer intervals are fixed at declaration).
 os.environ.setdefault("ROTA_SCHEDULE_SYNC_SECONDS", "1")
@@ -45,7 +44,7 @@ def run_operator(
     @contextlib.contextmanager
     def start(database_url: str, standalone: bool = True) -> Iterator[KopfRunner]:
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(_kubeconfig(kube_api.url))
+        kubeconfig.write_text(kube_api.kubeconfig())
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.setenv("ROTA_DATABASE_URL", database_url)
         monkeypatch.setenv("ROTA_STANDALONE", str(standalone).lower())
@@ -74,18 +73,3 @@ def operator(
     """The operator running on the test's database until the test ends."""
     with run_operator(db_url) as runner:
         yield runner
-
-
-def _kubeconfig(url: str) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-            "users": [{"name": "tester", "user": {"token": "test-token"}}],
-            "contexts": [
-                {"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}
-            ],
-            "current-context": "emulator",
-        }
-    )

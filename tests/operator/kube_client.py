@@ -99,6 +99,21 @@ class Api:
             for crd in yaml.safe_load_all(path.read_text()):
                 self.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
+    def kubeconfig(self) -> str:
+        """A kubeconfig file's text pointing at this emulator."""
+        return yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                "contexts": [
+                    {"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}
+                ],
+                "current-context": "emulator",
+            }
+        )
+
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         items = self.get(f"/api/v1/namespaces/{namespace}/events")["items"]
         return [e for e in items if e["involvedObject"]["name"] == name]

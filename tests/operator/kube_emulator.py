@@ -14,7 +14,10 @@ itself and adds what kopf and the kubernetes client rely on:
 - lists carry kind and apiVersion; watches are served as application/json,
   start after the resourceVersion asked for (kopf lists first, then watches),
   and no event between the snapshot and the stream is lost;
-- deployments/scale is an autoscaling/v1 Scale (read and merge-patch).
+- deployments/scale is an autoscaling/v1 Scale (read and merge-patch);
+- /api/v1/namespaces, which kmock's URL parser cannot read, lists the
+  namespaces of `self.namespaces` (kopf looks there when it is told which
+  namespaces to watch); its watch stays open and quiet.
 
 There is no controller behind it: a test plays the Deployment controller by
 patching status itself.
@@ -22,6 +25,7 @@ patching status itself.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import itertools
@@ -53,9 +57,40 @@ def _error(status: int, reason: str, message: str) -> kmock.KubernetesError:
     return kmock.KubernetesError(status=status, reason=reason, message=message, details={})
 
 
+NAMESPACES_PATH = "/api/v1/namespaces"
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator with the fixes listed in the module's docstring."""
+
+    namespaces: set[str] = attrs.field(factory=lambda: {"default"})
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.path.rstrip("/") != NAMESPACES_PATH or raw_request.method != "GET":
+            return await super().__call__(raw_request)
+        if raw_request.query.get("watch") == "true":
+            return await self._quiet_watch(raw_request)
+        items = [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "resourceVersion": "1"},
+            }
+            for name in sorted(self.namespaces)
+        ]
+        version = {"resourceVersion": str(next(_versions))}
+        body = {"kind": "NamespaceList", "apiVersion": "v1", "metadata": version, "items": items}
+        return aiohttp.web.json_response(body)
+
+    async def _quiet_watch(
+        self, raw_request: aiohttp.web.BaseRequest
+    ) -> aiohttp.web.StreamResponse:
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw_request)
+        while raw_request.transport is not None and not raw_request.transport.is_closing():
+            await asyncio.sleep(0.2)
+        return response
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()

@@ -129,3 +129,21 @@ def _status(api: Api, name: str, field: str, value: Any) -> dict[str, Any] | Non
 def _ready(api: Api, name: str) -> dict[str, Any] | None:
     conditions = (api.get(f"{POOLS}/{name}").get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == "Ready"), None)
+
+
+def test_deleting_a_pool_stops_its_polling(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any]
+) -> None:
+    kube_api.create(DEPLOYMENTS, deployment("short", 0))
+    kube_api.create(POOLS, worker_pool("short", "short"))
+    wait_for(lambda: _status(kube_api, "short", "desiredReplicas", 0), what="a first poll")
+    kube_api.delete(f"{POOLS}/short")
+    wait_for(lambda: kube_api.get(f"{POOLS}/short") is None, what="the pool gone")
+    exposition = wait_for(
+        lambda: (
+            (text := generate_latest(metrics.REGISTRY).decode())
+            and 'pool="default/short"' not in text
+        ),
+        what="its series dropped",
+    )
+    assert exposition
