@@ -23,6 +23,8 @@ class QueueAge:
     """Seconds since the oldest job that could run now became runnable (0 if none)."""
     ready_jobs: int
     """Jobs that could run now (status ready, run_at <= now)."""
+    running_jobs: int = 0
+    """Jobs being run now (status running)."""
 
 
 def queue_age(
@@ -34,7 +36,11 @@ def queue_age(
             sql.query("queue_age"),
             {"types": list(types) if types is not None else None, "now": now},
         )[0]
-    return QueueAge(max(float(row["oldest_ready_age_seconds"]), 0.0), int(row["ready_jobs"]))
+    return QueueAge(
+        max(float(row["oldest_ready_age_seconds"]), 0.0),
+        int(row["ready_jobs"]),
+        int(row["running_jobs"]),
+    )
 
 
 def list_jobs(

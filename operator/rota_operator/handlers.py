@@ -49,6 +49,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING
     memo.metrics_runner = None
     if config.metrics_port >= 0:
+        metrics.serve_database_measures(config.database_url)
         memo.metrics_runner, memo.metrics_port = await metrics.serve(
             config.metrics_host, config.metrics_port
         )

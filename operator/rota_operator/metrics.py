@@ -1,18 +1,23 @@
 """The operator's own measures on /metrics, and /healthz for the liveness probe.
 
 The server runs on the operator's event loop, so a /healthz answer also says
-that the loop is not stuck. The registry is the operator's own: the worker's
-metrics live in the worker process, not here.
+that the loop is not stuck. Besides its own measures, the operator serves the
+database measures (queue age, counts, dead letters, missed slots): it is the
+one process that runs while a pool is scaled to zero, so alerts on a waiting
+queue still have a source then. Those are read in a thread, never on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from rota.metrics import DatabaseCollector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -47,8 +52,14 @@ def record_error(resource: str, reason: str) -> None:
     RECONCILE_ERRORS.labels(resource=resource, reason=reason).inc()
 
 
+def serve_database_measures(dsn: str) -> None:
+    """Add the database measures of `rota.metrics` to this registry (once)."""
+    if not any(isinstance(c, DatabaseCollector) for c in REGISTRY._collector_to_names):
+        REGISTRY.register(DatabaseCollector(dsn))
+
+
 async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(REGISTRY)
+    body = await asyncio.to_thread(generate_latest, REGISTRY)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -115,7 +115,7 @@ def _reconcile(
         raise ValueError(f"minReplicas {limits.min_replicas} > maxReplicas {limits.max_replicas}")
     age = inspect.queue_age(database_url, spec.job_types)
     replicas = kube.read_replicas(ref.namespace, spec.target)
-    sample = QueueSample(age.oldest_ready_age_seconds, age.ready_jobs)
+    sample = QueueSample(age.oldest_ready_age_seconds, age.ready_jobs, age.running_jobs)
     decision = decide(limits, replicas.spec, sample, state.memory, now)
     state.memory = decision.memory
     status: dict[str, Any] = {}

@@ -8,7 +8,9 @@ microseconds.
 
 The policy, one poll at a time:
 
-1. Empty queue: the recommendation is `minReplicas` (0 allowed).
+1. Empty queue: the recommendation is `minReplicas` (0 allowed) when no job
+   of the pool is running either; while jobs run (workers keep up, so nothing
+   waits), at least 1, so a busy pool is not sent to zero mid-job.
 2. Jobs ready and no replica: at least 1 at once (0 -> 1 never waits).
 3. The oldest ready job older than `targetQueueAgeSeconds` (beyond a 10%
    tolerance): grow in proportion, `ceil(current * age / target)`, by at most
@@ -56,6 +58,7 @@ class QueueSample:
 
     oldest_ready_age_seconds: float
     ready_jobs: int
+    running_jobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,10 @@ class Decision:
 
 def recommend(limits: PoolLimits, current: int, sample: QueueSample) -> tuple[int, str]:
     """The replicas this one sample asks for, clamped, with the reason's name."""
-    if sample.ready_jobs <= 0:
+    if sample.ready_jobs <= 0 and sample.running_jobs <= 0:
         return _clamp(limits, limits.min_replicas), "QueueEmpty"
+    if sample.ready_jobs <= 0:
+        return _clamp(limits, max(limits.min_replicas, 1)), "JobsRunning"
     base = max(current, 1)
     ratio = sample.oldest_ready_age_seconds / limits.target_age_seconds
     if ratio > 1 + TOLERANCE:

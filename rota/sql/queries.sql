@@ -180,11 +180,14 @@ LIMIT %(limit)s
 SELECT * FROM rota.job WHERE id = %(id)s
 
 -- name: queue_age
--- Age of the oldest job that could run now, and how many could; walks the
--- partial index of ready rows only.
+-- Age of the oldest job that could run now, how many could, and how many run;
+-- walks the partial indexes of ready and running rows only.
 SELECT coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(run_at)), 0)::float8
            AS oldest_ready_age_seconds,
-       count(*) AS ready_jobs
+       count(*) AS ready_jobs,
+       (SELECT count(*) FROM rota.job
+        WHERE status = 'running'
+          AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))) AS running_jobs
 FROM rota.job
 WHERE status = 'ready'
   AND run_at <= coalesce(%(now)s::timestamptz, now())

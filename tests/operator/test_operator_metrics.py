@@ -42,3 +42,19 @@ def test_metrics_and_health_are_served() -> None:
 
     metrics.forget_pool("ns/pool")
     assert "ns/pool" not in asyncio.run(_scrape())["/metrics"][1]
+
+
+def test_the_operator_also_serves_the_database_measures(db_url: str) -> None:
+    import rota
+
+    rota.enqueue(db_url, "report.build")
+    metrics.serve_database_measures(db_url)
+    metrics.serve_database_measures(db_url)  # registering twice is harmless
+    try:
+        text = asyncio.run(_scrape())["/metrics"][1]
+    finally:
+        for collector in list(metrics.REGISTRY._collector_to_names):
+            if isinstance(collector, metrics.DatabaseCollector):
+                metrics.REGISTRY.unregister(collector)
+    assert 'rota_jobs{status="ready",type="report.build"} 1.0' in text
+    assert "rota_oldest_ready_job_age_seconds" in text

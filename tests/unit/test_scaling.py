@@ -123,3 +123,12 @@ def test_the_message_carries_the_numbers() -> None:
     decision = poll(2, 90.0, 12)
     assert decision.message.startswith("QueueTooOld: 2 -> 6 replicas; 12 ready jobs")
     assert "oldest waiting 90.0s (target 30s)" in decision.message
+
+
+def test_a_busy_pool_whose_queue_is_always_drained_keeps_one_worker() -> None:
+    from rota_operator.scaling import recommend
+
+    busy = QueueSample(oldest_ready_age_seconds=0.0, ready_jobs=0, running_jobs=3)
+    idle = QueueSample(oldest_ready_age_seconds=0.0, ready_jobs=0, running_jobs=0)
+    assert recommend(LIMITS, 2, busy) == (1, "JobsRunning")
+    assert recommend(LIMITS, 2, idle)[1] == "QueueEmpty"
