@@ -22,6 +22,10 @@ from psycopg.rows import dict_row
 from rota.migrate import migrate
 from rota.testing import EmbeddedPostgres
 
+# The operator reads this when its handlers are imported: status syncs every
+# second in tests, whichever test module imports the operator first.
+os.environ.setdefault("ROTA_SCHEDULE_SYNC_SECONDS", "1")
+
 TEMPLATE = "rota_template"
 _counter = itertools.count()
 
