@@ -116,7 +116,9 @@ def parse(expr: str) -> Cron:
     try:
         expanded, nth_weekday = croniter.expand(" ".join(fields))
     except (CroniterError, ValueError) as exc:
-        raise InvalidInput(f"invalid cron expression {text!r}: {exc}") from None
+        raise InvalidInput(
+            f"invalid cron expression {text!r}: {_which_field(fields, exc)}"
+        ) from None
     values: list[set[int]] = []
     for (name, low, high), entries in zip(_FIELDS, expanded, strict=True):
         if entries == ["*"]:
@@ -138,6 +140,20 @@ def parse(expr: str) -> Cron:
         day_restricted=not fields[2].startswith("*"),
         weekday_restricted=not fields[4].startswith("*"),
     )
+
+
+def _which_field(fields: list[str], exc: Exception) -> str:
+    """Name the field croniter refused, by expanding each one alone."""
+    for i, (name, _, _) in enumerate(_FIELDS):
+        alone = ["*"] * 5
+        alone[i] = fields[i]
+        try:
+            croniter.expand(" ".join(alone))
+        except (CroniterError, ValueError) as field_exc:
+            reason = str(field_exc).rsplit("]", 1)[-1].strip(" ,")
+            reason = reason.removeprefix("is not acceptable").strip(" ,")
+            return f"{name} field {fields[i]!r}: {reason or 'not a valid value'}"
+    return str(exc)
 
 
 def zone(name: str) -> ZoneInfo:
