@@ -83,24 +83,29 @@ class Archiver:
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> ArchiveResult:
         """Move what is old enough, batch by batch, up to max_batches statements."""
         s = self.settings
-        moved = {"archive_done": 0, "archive_failed": 0}
-        retention = {
-            "archive_done": s.done_retention_seconds,
-            "archive_failed": s.failed_retention_seconds,
-        }
+        kinds = [
+            (["done"], s.done_retention_seconds),
+            (["failed", "dead"], s.failed_retention_seconds),
+        ]
+        moved = [0, 0]
         batches, capped = 0, False
         with connection(conn_or_dsn) as conn:
-            for name in moved:
+            for kind, (statuses, retention) in enumerate(kinds):
                 while True:
                     if batches == s.max_batches:
                         capped = True
                         break
-                    params = {"now": now, "retention": retention[name], "limit": s.batch_size}
-                    count = int(fetch_all(conn, sql.query(name), params)[0]["moved"])
-                    moved[name], batches = moved[name] + count, batches + 1
+                    params = {
+                        "now": now,
+                        "statuses": statuses,
+                        "retention": retention,
+                        "limit": s.batch_size,
+                    }
+                    count = int(fetch_all(conn, sql.query("archive_finished"), params)[0]["moved"])
+                    moved[kind], batches = moved[kind] + count, batches + 1
                     if count < s.batch_size:
                         break
-        return ArchiveResult(moved["archive_done"], moved["archive_failed"], batches, capped)
+        return ArchiveResult(moved[0], moved[1], batches, capped)
 
 
 @handler(JOB_TYPE)

@@ -3,36 +3,13 @@
 -- `rota dead retry` in flight); their turn comes in a later run. A row is
 -- deleted and inserted in the same statement: it is in exactly one table.
 
--- name: archive_done
+-- name: archive_finished
+-- Rows of the given statuses finished before the retention; done rows are
+-- archived after a shorter retention than failed and dead ones, which somebody
+-- may still want to read or retry.
 WITH picked AS (
     SELECT id FROM rota.job
-    WHERE status = 'done'
-      AND finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-moved AS (
-    DELETE FROM rota.job AS j USING picked WHERE j.id = picked.id RETURNING j.*
-),
-archived AS (
-    INSERT INTO rota.job_archive (id, type, payload, idempotency_key, status, run_at, attempts,
-                                  max_attempts, locked_by, locked_until, last_error, created_at,
-                                  started_at, finished_at, schedule_id, slot, archived_at)
-    SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts,
-           locked_by, locked_until, last_error, created_at, started_at, finished_at,
-           schedule_id, slot, coalesce(%(now)s::timestamptz, now())
-    FROM moved
-    RETURNING 1
-)
-SELECT count(*) AS moved FROM archived
-
--- name: archive_failed
--- Failed and dead rows are kept longer than done ones: somebody may still
--- want to read why they failed, or retry them.
-WITH picked AS (
-    SELECT id FROM rota.job
-    WHERE status IN ('failed', 'dead')
+    WHERE status = ANY(%(statuses)s::text[])
       AND finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
     ORDER BY finished_at
     LIMIT %(limit)s
