@@ -181,12 +181,11 @@ class Worker:
             while self._pending:
                 batch = self._pending[: self.settings.finish_batch_size]
                 try:
-                    written = await link.run(
+                    rows = await link.run(
                         claims.finish, self.worker_id, [ran.finish for ran in batch]
                     )
-                    unwritten = [
-                        r for r in batch if r.finish.job_id not in {w.job_id for w in written}
-                    ]
+                    written = {w.job_id: w for w in rows}
+                    unwritten = [r for r in batch if r.finish.job_id not in written]
                     lost = await settle_unwritten(link, self.worker_id, unwritten)
                 except DatabaseUnavailable as exc:
                     delay = backoff.next()
@@ -202,13 +201,12 @@ class Worker:
                 del self._pending[: len(batch)]
                 self._settle(batch, written, lost)
 
-    def _settle(self, batch: list[Ran], written: list[Finished], lost: set[int]) -> None:
+    def _settle(self, batch: list[Ran], written: dict[int, Finished], lost: set[int]) -> None:
         self._slot_freed.set()
-        by_id = {w.job_id: w for w in written}
         for ran in batch:
             job = self._held.pop(ran.finish.job_id, None)
             job_type = job.type if job else "unknown"
-            record(ran, by_id.get(ran.finish.job_id), job_type, ran.finish.job_id in lost)
+            record(ran, written.get(ran.finish.job_id), job_type, ran.finish.job_id in lost)
             self.finished_count += 1
 
     # -- leases ---------------------------------------------------------------
