@@ -214,6 +214,36 @@ def test_more_than_one_operator_needs_peering(helm: Path) -> None:
     assert done.returncode != 0 and "peering" in done.stderr
 
 
+def test_peering_objects_are_hooks_created_after_their_crds(render: Render) -> None:
+    objects = render(values=[ALL_OPTIONS])
+    peerings = [o for o in objects if o["kind"] == "KopfPeering"]
+    assert {o["metadata"]["namespace"] for o in peerings} == {"team-a", "team-b"}
+    for peering in peerings:
+        assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    (cluster,) = [
+        o
+        for o in render(sets=["operator.peering.enabled=true"])
+        if o["kind"] == "ClusterKopfPeering"
+    ]
+    assert cluster["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+
+
+def test_every_operator_replica_draws_its_own_peering_priority(helm: Path, render: Render) -> None:
+    (operator,) = [
+        o
+        for o in render(values=[ALL_OPTIONS])
+        if o["kind"] == "Deployment"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    ]
+    env = {e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "ROTA_PEERING_PRIORITY" not in env and "ROTA_PEERING_NAME" in env
+    pinned = "operator.extraEnv[0].name=ROTA_PEERING_PRIORITY,operator.extraEnv[0].value=7"
+    done = run_helm(
+        helm, "template", "rota", str(CHART), "-f", str(ALL_OPTIONS), "--set-string", pinned
+    )
+    assert done.returncode != 0 and "ROTA_PEERING_PRIORITY" in done.stderr
+
+
 def _pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
     if obj["kind"] in {"Deployment", "Job"}:
         spec: dict[str, Any] = obj["spec"]["template"]["spec"]

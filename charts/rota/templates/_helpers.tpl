@@ -128,3 +128,30 @@ tolerations:
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/*
+"true" when the chart should create one of kopf's peering CRDs (crds/kopf/), else
+empty. Args: root, name (the CRD), api (group/version/Kind). Only with crds.enabled
+and operator.peering.enabled. In crds.kopfPeering "auto", a cluster that already
+serves the kind from a CRD this release does not own (applied by hand, or by another
+release or operator) keeps it: Helm could not adopt it, and must not delete it. A CRD
+this release created is read back with lookup (its Helm release annotations), so it
+stays in the release on upgrade instead of dropping out once the cluster serves it.
+Without a cluster (helm template) lookup finds nothing: pass --api-versions only
+when the CRDs are managed elsewhere, or set crds.kopfPeering to true or false.
+*/}}
+{{- define "rota.kopfCrdWanted" -}}
+{{- $v := .root.Values }}
+{{- $mode := toString $v.crds.kopfPeering }}
+{{- if and $v.crds.enabled $v.operator.peering.enabled (ne $mode "false") }}
+{{- if or (eq $mode "true") (not (.root.Capabilities.APIVersions.Has .api)) }}true
+{{- else }}
+{{- $live := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" .name }}
+{{- $notes := dig "metadata" "annotations" dict $live }}
+{{- $release := get $notes "meta.helm.sh/release-name" | toString }}
+{{- $namespace := get $notes "meta.helm.sh/release-namespace" | toString }}
+{{- if and (eq $release .root.Release.Name) (eq $namespace .root.Release.Namespace) }}true
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
