@@ -53,9 +53,11 @@ def record_error(resource: str, reason: str) -> None:
 
 
 def serve_database_measures(dsn: str) -> None:
-    """Add the database measures of `rota.metrics` to this registry (once)."""
-    if not any(isinstance(c, DatabaseCollector) for c in REGISTRY._collector_to_names):
-        REGISTRY.register(DatabaseCollector(dsn))
+    """Serve the database measures of `rota.metrics` for `dsn` (replacing any earlier one)."""
+    for collector in list(REGISTRY._collector_to_names):
+        if isinstance(collector, DatabaseCollector):
+            REGISTRY.unregister(collector)
+    REGISTRY.register(DatabaseCollector(dsn))
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -49,7 +49,7 @@ def test_the_operator_also_serves_the_database_measures(db_url: str) -> None:
 
     rota.enqueue(db_url, "report.build")
     metrics.serve_database_measures(db_url)
-    metrics.serve_database_measures(db_url)  # registering twice is harmless
+    metrics.serve_database_measures(db_url)  # again: still one collector
     try:
         text = asyncio.run(_scrape())["/metrics"][1]
     finally:
