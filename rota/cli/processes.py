@@ -9,10 +9,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from rota.cli.common import UsageError, database_url, positive_int
-from rota.errors import RotaError
+from rota.errors import DatabaseUnavailable, RotaError
 from rota.migrate import require_current
 
 log = logging.getLogger("rota")
@@ -84,7 +85,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         reaper=ReaperSettings(),
     )
     dsn = database_url()
-    require_current(dsn)
+    _wait_for_database(dsn)
     Worker(dsn, settings).run(install_signals=True)
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
         # Sync handlers still running past the grace period were given back;
@@ -93,6 +94,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         os._exit(0)
     return 0
+
+
+def _wait_for_database(dsn: str, most: float = 10.0) -> None:
+    """Wait (with growing pauses) until the database answers: a worker started
+    before its database (a fresh cluster, a restart) waits instead of exiting."""
+    delay = 0.5
+    while True:
+        try:
+            require_current(dsn)
+            return
+        except DatabaseUnavailable as exc:
+            log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, most)
 
 
 def _loop(service: Any, once: bool) -> int:

@@ -58,3 +58,23 @@ def test_workers_survive_a_database_restart_and_count_no_attempt_for_it(
     assert expirations == (0,)
     logs = "".join(w.output() for w in workers)
     assert "database" in logs  # the outage was noticed and reported
+
+
+def test_a_worker_started_before_its_database_waits_for_it(tmp_path: Path) -> None:
+    server = EmbeddedPostgres()  # created, not started yet
+    try:
+        url = server.url()
+        worker = WorkerProcess(url, log=tmp_path / "early.log")
+        try:
+            wait_for(
+                lambda: "waiting for the database" in worker.output(), what="the worker to wait"
+            )
+            assert worker.proc.poll() is None
+            server.start()
+            rota.migrate(url)
+            rota.enqueue(url, "noop")
+            wait_for(lambda: done_count(url) == 1, what="the job to run once the database is up")
+        finally:
+            assert worker.stop() == 0
+    finally:
+        server.destroy()
