@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from rota.cli.common import UsageError, database_url, positive_int
-from rota.errors import DatabaseUnavailable, RotaError
+from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.migrate import require_current
 
 log = logging.getLogger("rota")
@@ -97,14 +97,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _wait_for_database(dsn: str, most: float = 10.0) -> None:
-    """Wait (with growing pauses) until the database answers: a worker started
-    before its database (a fresh cluster, a restart) waits instead of exiting."""
+    """Wait (with growing pauses) until the database answers with a current schema:
+    a worker started before its database or its migration (a fresh cluster, a
+    restart, an upgrade whose migration Job still runs) waits instead of exiting."""
     delay = 0.5
     while True:
         try:
             require_current(dsn)
             return
-        except DatabaseUnavailable as exc:
+        except (DatabaseUnavailable, MigrationError) as exc:
             log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
             time.sleep(delay)
             delay = min(delay * 2, most)
