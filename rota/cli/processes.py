@@ -9,11 +9,10 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Any
 
 from rota.cli.common import UsageError, database_url, positive_int
-from rota.errors import DatabaseUnavailable, MigrationError, RotaError
+from rota.errors import RotaError
 from rota.migrate import require_current
 
 log = logging.getLogger("rota")
@@ -84,9 +83,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         reaper=ReaperSettings(),
     )
-    dsn = database_url()
-    _wait_for_database(dsn)
-    Worker(dsn, settings).run(install_signals=True)
+    Worker(database_url(), settings).run(install_signals=True)
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
         # Sync handlers still running past the grace period were given back;
         # their threads cannot be interrupted, and must not hold the exit.
@@ -94,21 +91,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         os._exit(0)
     return 0
-
-
-def _wait_for_database(dsn: str, most: float = 10.0) -> None:
-    """Wait (with growing pauses) until the database answers with a current schema:
-    a worker started before its database or its migration (a fresh cluster, a
-    restart, an upgrade whose migration Job still runs) waits instead of exiting."""
-    delay = 0.5
-    while True:
-        try:
-            require_current(dsn)
-            return
-        except (DatabaseUnavailable, MigrationError) as exc:
-            log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, most)
 
 
 def _loop(service: Any, once: bool) -> int:

@@ -26,9 +26,10 @@ from typing import Any
 
 from rota import claim as claims
 from rota.claim import Finish, Finished
-from rota.errors import DatabaseUnavailable
+from rota.errors import DatabaseUnavailable, MigrationError
 from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
+from rota.migrate import require_current
 from rota_worker.execute import Ran, run_handler
 from rota_worker.link import Backoff, Link
 from rota_worker.listener import JOBS_CHANNEL, Listener
@@ -96,20 +97,13 @@ class Worker:
             ",".join(self.types) or "-",
             self.settings.concurrency,
         )
-        loops = [
-            asyncio.create_task(self._flush_loop(links["flush"])),
-            asyncio.create_task(self._heartbeat_loop(links["heartbeat"])),
-            *(
-                asyncio.create_task(run_service(s, self.dsn, io, self._stopping))
-                for s in self.services
-            ),
-        ]
+        loops: list[asyncio.Task[None]] = []
         scheduler_stop = threading.Event()
-        if self.settings.run_scheduler:
-            start_scheduler(self.dsn, scheduler_stop)
         try:
-            await self._claim_loop(links["claim"], threads)
-            await self._shut_down()
+            if await self._wait_until_usable(io):
+                loops = self._start_loops(links, io, scheduler_stop)
+                await self._claim_loop(links["claim"], threads)
+                await self._shut_down()
         finally:
             for task in loops:
                 task.cancel()
@@ -123,6 +117,41 @@ class Worker:
             threads.shutdown(wait=False, cancel_futures=True)
             io.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.finished_count)
+
+    def _start_loops(
+        self, links: dict[str, Link], io: ThreadPoolExecutor, scheduler_stop: threading.Event
+    ) -> list[asyncio.Task[None]]:
+        """Every loop but the claim loop: outcomes, heartbeats, maintenance services."""
+        if self.settings.run_scheduler:
+            start_scheduler(self.dsn, scheduler_stop)
+        return [
+            asyncio.create_task(self._flush_loop(links["flush"])),
+            asyncio.create_task(self._heartbeat_loop(links["heartbeat"])),
+            *(
+                asyncio.create_task(run_service(s, self.dsn, io, self._stopping))
+                for s in self.services
+            ),
+        ]
+
+    async def _wait_until_usable(self, io: ThreadPoolExecutor) -> bool:
+        """Wait until the database answers with a current schema (False: stopped first).
+
+        A worker started before its database or its migration (a fresh cluster,
+        a restart, an upgrade whose migration Job still runs) waits, alive for
+        /healthz and not ready for /readyz, instead of exiting.
+        """
+        backoff = Backoff(first=0.5, most=self.settings.reconnect_max_seconds)
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            self.last_tick = time.monotonic()
+            try:
+                await loop.run_in_executor(io, require_current, self.dsn)
+                return True
+            except (DatabaseUnavailable, MigrationError) as exc:
+                delay = backoff.next()
+                log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
+                await _first(self._stopping, timeout=delay)
+        return False
 
     # -- claiming and running -----------------------------------------------
     async def _claim_loop(self, link: Link, threads: ThreadPoolExecutor) -> None:
