@@ -69,8 +69,3 @@ def handler(job_type: str) -> Callable[[HandlerFunc], HandlerFunc]:
 def registered() -> dict[str, Handler]:
     """Every handler registered so far, by job type."""
     return dict(_registry)
-
-
-def unregister(job_type: str) -> None:
-    """Forget a handler (tests)."""
-    _registry.pop(job_type, None)

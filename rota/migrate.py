@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from rota import sql
-from rota.db import ConnOrDsn, connection, errors_wrapped
+from rota.db import ConnOrDsn, connection, errors_wrapped, fetch_all
 from rota.errors import MigrationError
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,11 @@ def migrate(conn_or_dsn: ConnOrDsn) -> list[int]:
 def applied(conn_or_dsn: ConnOrDsn) -> list[int]:
     """The numbers of the migrations applied to this database."""
     with connection(conn_or_dsn) as conn:
-        exists = conn.execute("SELECT to_regclass('rota.migrations') IS NOT NULL AS e").fetchone()
-        if not exists or not next(iter(exists.values() if isinstance(exists, dict) else exists)):
+        found = fetch_all(conn, "SELECT to_regclass('rota.migrations') IS NOT NULL AS found")
+        if not found[0]["found"]:
             return []
-        rows = conn.execute("SELECT id FROM rota.migrations ORDER BY id").fetchall()
-    return [r["id"] if isinstance(r, dict) else r[0] for r in rows]
+        rows = fetch_all(conn, "SELECT id FROM rota.migrations ORDER BY id")
+    return [row["id"] for row in rows]
 
 
 def require_current(conn_or_dsn: ConnOrDsn) -> None:
