@@ -26,23 +26,13 @@ def migrate(conn_or_dsn: ConnOrDsn) -> list[int]:
     with connection(conn_or_dsn) as conn, errors_wrapped():
         for number, name, text in sql.migrations():
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
-                conn.execute("CREATE SCHEMA IF NOT EXISTS rota")
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS rota.migrations ("
-                    " id integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                done = conn.execute(
-                    "SELECT 1 FROM rota.migrations WHERE id = %s", (number,)
-                ).fetchone()
-                if done:
+                fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
+                conn.execute(sql.query("migrate_bootstrap"))
+                if fetch_all(conn, sql.query("migration_applied"), {"id": number})[0]["applied"]:
                     continue
                 log.info("applying migration %04d_%s", number, name)
                 conn.execute(text.encode())
-                conn.execute(
-                    "INSERT INTO rota.migrations (id, name) VALUES (%s, %s)", (number, name)
-                )
+                fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
                 applied_now.append(number)
     return applied_now
 
@@ -50,10 +40,9 @@ def migrate(conn_or_dsn: ConnOrDsn) -> list[int]:
 def applied(conn_or_dsn: ConnOrDsn) -> list[int]:
     """The numbers of the migrations applied to this database."""
     with connection(conn_or_dsn) as conn:
-        found = fetch_all(conn, "SELECT to_regclass('rota.migrations') IS NOT NULL AS found")
-        if not found[0]["found"]:
+        if not fetch_all(conn, sql.query("migrations_table_exists"))[0]["found"]:
             return []
-        rows = fetch_all(conn, "SELECT id FROM rota.migrations ORDER BY id")
+        rows = fetch_all(conn, sql.query("migrations_applied"))
     return [row["id"] for row in rows]
 
 

@@ -201,3 +201,7 @@ RETURNING created_at
 
 -- name: get_effect
 SELECT result, created_at FROM rota.job_effect WHERE job_key = %(key)s AND effect = %(effect)s
+
+-- name: listen_jobs
+-- Idle workers wait for this channel (see the job_notify_ready trigger).
+LISTEN rota_jobs

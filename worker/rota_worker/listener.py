@@ -11,22 +11,18 @@ import asyncio
 import logging
 import threading
 
-from rota import db
+from rota import db, sql
 from rota.errors import RotaError
 
 log = logging.getLogger("rota.worker")
 
-JOBS_CHANNEL = "rota_jobs"
-
 
 class Listener(threading.Thread):
-    def __init__(
-        self, dsn: str, loop: asyncio.AbstractEventLoop, events: dict[str, asyncio.Event]
-    ) -> None:
+    def __init__(self, dsn: str, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
         super().__init__(name="rota-listener", daemon=True)
         self.dsn = dsn
         self.loop = loop
-        self.events = events
+        self.wake = wake
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -48,18 +44,11 @@ class Listener(threading.Thread):
     def _listen(self) -> None:
         conn = db.connect(self.dsn, application_name="rota-worker-listen")
         try:
-            for channel in self.events:
-                conn.execute(f"LISTEN {channel}".encode())
-            # After (re)connecting, wake everyone: notifications may have been missed.
-            self._wake_all()
+            conn.execute(sql.query("listen_jobs"))
+            # After (re)connecting, wake the claim loop: notifications may have been missed.
+            self.loop.call_soon_threadsafe(self.wake.set)
             while not self._stop.is_set():
-                for note in conn.notifies(timeout=1.0):
-                    event = self.events.get(note.channel)
-                    if event is not None:
-                        self.loop.call_soon_threadsafe(event.set)
+                for _ in conn.notifies(timeout=1.0):
+                    self.loop.call_soon_threadsafe(self.wake.set)
         finally:
             conn.close()
-
-    def _wake_all(self) -> None:
-        for event in self.events.values():
-            self.loop.call_soon_threadsafe(event.set)

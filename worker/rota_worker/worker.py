@@ -32,7 +32,7 @@ from rota.jobs import Job
 from rota.migrate import require_current
 from rota_worker.execute import Ran, run_handler
 from rota_worker.link import Backoff, Link
-from rota_worker.listener import JOBS_CHANNEL, Listener
+from rota_worker.listener import Listener
 from rota_worker.outcomes import record, settle_unwritten
 from rota_worker.probes import serve
 from rota_worker.services import Service, default_services, run_service, start_scheduler
@@ -79,7 +79,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._flush_wake = asyncio.Event()
-        self._wake = {JOBS_CHANNEL: asyncio.Event()}
+        self._jobs_notified = asyncio.Event()
         if install_signals:
             import signal
 
@@ -88,7 +88,7 @@ class Worker:
         io = ThreadPoolExecutor(max_workers=4 + len(self.services), thread_name_prefix="rota-io")
         threads = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="rota-job")
         links = {name: Link(self.dsn, name, io) for name in ("claim", "flush", "heartbeat")}
-        listener = Listener(self.dsn, self._loop, self._wake)
+        listener = Listener(self.dsn, self._loop, self._jobs_notified)
         listener.start()
         probes = self._serve_probes()
         log.info(
@@ -156,7 +156,7 @@ class Worker:
     # -- claiming and running -----------------------------------------------
     async def _claim_loop(self, link: Link, threads: ThreadPoolExecutor) -> None:
         backoff = Backoff(most=self.settings.reconnect_max_seconds)
-        wake = self._wake[JOBS_CHANNEL]
+        wake = self._jobs_notified
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             # Slots are free when a job can start *and* the jobs held (running,
