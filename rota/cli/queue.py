@@ -69,12 +69,9 @@ def register(sub: Any) -> None:
 
 def _job_id(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
+        return positive_int(text)
+    except UsageError:
         raise UsageError(f"not a job id: {text!r}") from None
-    if value < 1:
-        raise UsageError(f"not a job id: {text!r}")
-    return value
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -14,23 +14,20 @@ CREATE TABLE rota.job_done_count (
     PRIMARY KEY (type, shard)
 );
 
-CREATE FUNCTION rota.job_done_count_add(job_type text, delta bigint) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO rota.job_done_count (type, shard, count)
-    VALUES (job_type, mod(pg_backend_pid(), 16), delta)
-    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count
-$$;
-
 -- Statement level with transition tables: one upsert per type and statement,
 -- however many rows the statement moves (a batch of 500 completions is one
 -- upsert, not 500). Row-level triggers here cost about a third of the drain
 -- throughput, measured with the benchmark.
-CREATE FUNCTION rota.job_done_count_inserted() RETURNS trigger
+--
+-- Inserted rows count +1, deleted rows (archiving, in large batches) -1; the
+-- triggers below name either transition table `changed_rows`.
+CREATE FUNCTION rota.job_done_count_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO rota.job_done_count (type, shard, count)
-    SELECT type, mod(pg_backend_pid(), 16), count(*)
-    FROM new_rows
+    SELECT type, mod(pg_backend_pid(), 16),
+           CASE TG_OP WHEN 'INSERT' THEN count(*) ELSE -count(*) END
+    FROM changed_rows
     WHERE status = 'done'
     GROUP BY type
     ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count;
@@ -38,6 +35,7 @@ BEGIN
 END
 $$;
 
+-- Updated rows count +1 entering done, -1 leaving it.
 CREATE FUNCTION rota.job_done_count_updated() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -58,21 +56,6 @@ BEGIN
 END
 $$;
 
--- Archiving deletes done rows in large batches: one upsert per type and
--- statement, from the transition table, instead of one per row.
-CREATE FUNCTION rota.job_done_count_deleted() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO rota.job_done_count (type, shard, count)
-    SELECT type, mod(pg_backend_pid(), 16), -count(*)
-    FROM gone_rows
-    WHERE status = 'done'
-    GROUP BY type
-    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count;
-    RETURN NULL;
-END
-$$;
-
 CREATE FUNCTION rota.job_done_count_truncated() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -83,8 +66,8 @@ $$;
 
 CREATE TRIGGER job_done_count_insert
     AFTER INSERT ON rota.job
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_inserted();
+    REFERENCING NEW TABLE AS changed_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_changed();
 
 CREATE TRIGGER job_done_count_update
     AFTER UPDATE ON rota.job
@@ -93,8 +76,8 @@ CREATE TRIGGER job_done_count_update
 
 CREATE TRIGGER job_done_count_delete
     AFTER DELETE ON rota.job
-    REFERENCING OLD TABLE AS gone_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_deleted();
+    REFERENCING OLD TABLE AS changed_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rota.job_done_count_changed();
 
 CREATE TRIGGER job_done_count_truncate
     AFTER TRUNCATE ON rota.job
