@@ -58,8 +58,6 @@ def load_handlers(modules: list[str]) -> None:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if name == "rota.archive" and exc.name == name:
-                continue
             raise UsageError(f"cannot import handlers module {name!r}: {exc}") from None
 
 

@@ -15,6 +15,9 @@ import time
 from typing import Any
 
 import rota
+from rota import schedules
+from rota.cli.status import render, warnings
+from rota.metrics import read_status
 from rota.testing import EmbeddedPostgres
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
@@ -53,10 +56,6 @@ def _seed(dsn: str) -> None:
         + [rota.NewJob("demo.poison", {"n": i}, max_attempts=3) for i in range(2)]
         + [rota.NewJob("demo.email", {"later": True}, delay=20) for _ in range(10)],
     )
-    try:
-        from rota import schedules
-    except ImportError:  # pragma: no cover
-        return
     schedules.upsert(dsn, schedules.ScheduleSpec("demo/every-minute", "demo.report", "* * * * *"))
     schedules.upsert(
         dsn,
@@ -67,14 +66,6 @@ def _seed(dsn: str) -> None:
 
 
 def _status(dsn: str) -> str:
-    try:
-        from rota.cli.status import render, warnings
-        from rota.metrics import read_status
-    except ImportError:  # pragma: no cover
-        counts = rota.db.fetch_all(
-            rota.db.connect(dsn), "SELECT status, count(*) AS n FROM rota.job GROUP BY 1"
-        )
-        return " ".join(f"{r['status']}={r['n']}" for r in counts) + "\n"
     status = read_status(dsn)
     status["warnings"] = warnings(status, 60.0, 10)
     return str(render(status))

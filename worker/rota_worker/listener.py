@@ -12,7 +12,6 @@ import logging
 import threading
 
 from rota import db, sql
-from rota.errors import RotaError
 
 log = logging.getLogger("rota.worker")
 
@@ -34,7 +33,7 @@ class Listener(threading.Thread):
             try:
                 self._listen()
                 delay = 0.1
-            except (RotaError, OSError, Exception) as exc:
+            except Exception as exc:  # the listener must outlive any outage
                 if self._stop.is_set():
                     return
                 log.debug("listener: %s; reconnecting in %.1fs", exc, delay)

@@ -12,17 +12,11 @@ import logging
 
 from rota import claim as claims
 from rota.claim import Finished
+from rota.metrics import record_finish
 from rota_worker.execute import Ran
 from rota_worker.link import Link
 
 log = logging.getLogger("rota.worker")
-
-try:
-    from rota.metrics import record_finish
-except ImportError:  # pragma: no cover - metrics are optional in a minimal install
-
-    def record_finish(job_type: str, outcome: str, duration_seconds: float, attempts: int) -> None:
-        return None
 
 
 async def settle_unwritten(link: Link, worker_id: str, unwritten: list[Ran]) -> set[int]:

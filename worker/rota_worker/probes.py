@@ -20,7 +20,7 @@ def serve(
     port: int,
     snapshot: Callable[[], dict[str, Any]],
     last_tick: Callable[[], float],
-    metrics: Callable[[], bytes] | None,
+    metrics: Callable[[], bytes],
     host: str = "0.0.0.0",
 ) -> ThreadingHTTPServer:
     class Probe(BaseHTTPRequestHandler):
@@ -31,7 +31,7 @@ def serve(
             elif self.path == "/readyz":
                 ready = bool(snapshot()["ready"])
                 self._reply(200 if ready else 503, b"ready\n" if ready else b"not ready\n")
-            elif self.path == "/metrics" and metrics is not None:
+            elif self.path == "/metrics":
                 self._reply(200, metrics(), "text/plain; version=0.0.4; charset=utf-8")
             else:
                 self._reply(404, b"not found\n")

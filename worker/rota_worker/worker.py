@@ -24,11 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import generate_latest
+
 from rota import claim as claims
 from rota.claim import Finish, Finished
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
+from rota.metrics import build_registry
 from rota.migrate import require_current
 from rota_worker.execute import Ran, run_handler
 from rota_worker.link import Backoff, Link
@@ -289,16 +292,7 @@ class Worker:
     def _serve_probes(self) -> ThreadingHTTPServer | None:
         if self.settings.metrics_port is None:
             return None
-        metrics = None
-        try:
-            from prometheus_client import generate_latest
-
-            from rota.metrics import build_registry
-
-            registry = build_registry(self.dsn)
-            metrics = functools.partial(generate_latest, registry)
-        except ImportError:  # pragma: no cover - metrics module absent
-            pass
+        metrics = functools.partial(generate_latest, build_registry(self.dsn))
         return serve(self.settings.metrics_port, self.snapshot, lambda: self.last_tick, metrics)
 
     def snapshot(self) -> dict[str, Any]:
