@@ -1,0 +1,57 @@
+"""Handlers the soak and failover tests run in real `rota worker` processes.
+
+`soak.effect` makes its effect exactly once: the effect row and the job's
+completion commit in one transaction of the handler's own (`rota.complete`).
+A late finisher (its lease taken away while it ran) has its completion refused,
+rolls its effect back, and leaves a note in `soak_refused` instead.
+
+`failover.run` has no transaction to protect it: it appends one line per run to
+the file named by ROTA_RUNS_LOG, which survives a database failover, so the
+runs that happened again can be counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psycopg
+
+import rota
+
+DSN = os.environ.get("ROTA_DATABASE_URL", "")
+
+
+class _Refused(Exception):
+    """rota.complete wrote nothing: the lease is no longer ours."""
+
+
+@rota.handler("soak.effect")
+def effect_once(job: rota.Job) -> None:
+    time.sleep(float((job.payload or {}).get("ms", 0)) / 1000)
+    with psycopg.connect(DSN, autocommit=True, connect_timeout=5) as conn:
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO soak_effect (job_id, worker, attempt) VALUES (%s, %s, %s)",
+                    (job.id, job.locked_by, job.attempts),
+                )
+                if not rota.complete(conn, job):
+                    raise _Refused
+        except _Refused:
+            conn.execute(
+                "INSERT INTO soak_refused (job_id, worker, attempt) VALUES (%s, %s, %s)",
+                (job.id, job.locked_by, job.attempts),
+            )
+            raise RuntimeError("lease lost: effect rolled back") from None
+
+
+@rota.handler("failover.run")
+def run_and_log(job: rota.Job) -> None:
+    time.sleep(float((job.payload or {}).get("ms", 0)) / 1000)
+    line = f"{job.id} {job.attempts} {job.locked_by}\n"
+    fd = os.open(os.environ["ROTA_RUNS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)

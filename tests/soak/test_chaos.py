@@ -1,0 +1,383 @@
+"""The chaos soak: workers drain thousands of jobs while a chaos loop breaks things.
+
+Several `rota worker` processes run `soak.effect` jobs, each of which writes an
+effect row and completes its job in one transaction of its own. Meanwhile a
+chaos loop, bounded in actions and in time, SIGKILLs workers and starts new
+ones, SIGSTOPs a worker until every lease it held has been reaped and then
+resumes it (a late finisher, whose completions must be refused), restarts
+PostgreSQL (fast and immediate), and kills reapers and schedulers, several of
+which run at once. At the end: every job done, nothing running, exactly one
+effect per job and only from the attempt that holds the row, lease expirations
+counted.
+
+`make test` runs the short plan; `make soak` runs the long one (ROTA_SOAK=full;
+ROTA_SOAK_SEED replays a run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+from rota import schedules
+from rota.errors import DatabaseUnavailable
+from tests.acceptance.procs import wait_for
+from tests.pgcluster import CrashSafePostgres
+from tests.soak.harness import Fleet, Proc
+
+TYPE = "soak.effect"
+TICK = "soak/tick"
+ACTIONS = ("kill", "stop", "restart-fast", "restart-immediate", "kill-service")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    jobs: int
+    workers: int
+    concurrency: int
+    lease: float
+    actions: tuple[str, ...]
+    seconds: float
+    """The chaos loop ends after this long even with actions left."""
+    drain_seconds: float
+    """Deadline for the last jobs once the chaos is over."""
+    handler_ms: int
+    """Each job's handler sleeps a random 0..handler_ms before its transaction."""
+
+
+def plan_from_env(rng: random.Random) -> Plan:
+    if os.environ.get("ROTA_SOAK") == "full":
+        weights = {"kill": 4, "stop": 2, "restart-fast": 1, "restart-immediate": 1}
+        weights["kill-service"] = 1
+        drawn = rng.choices(list(weights), list(weights.values()), k=36)
+        return Plan(
+            jobs=int(os.environ.get("ROTA_SOAK_JOBS", "20000")),
+            workers=5,
+            concurrency=4,
+            lease=3,
+            actions=(*ACTIONS, *drawn),
+            seconds=float(os.environ.get("ROTA_SOAK_SECONDS", "480")),
+            drain_seconds=240,
+            handler_ms=20,
+        )
+    return Plan(
+        jobs=2000,
+        workers=3,
+        concurrency=4,
+        lease=3,
+        actions=("kill", "stop", "restart-fast", "kill", "kill-service", "restart-immediate"),
+        seconds=35,
+        drain_seconds=120,
+        handler_ms=20,
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[CrashSafePostgres]:
+    """A server of the soak's own, restarted by the chaos loop."""
+    with CrashSafePostgres() as pg:
+        yield pg
+
+
+@pytest.fixture
+def fleet(server: CrashSafePostgres, tmp_path: Path) -> Iterator[Fleet]:
+    url = server.url()
+    rota.migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Only the soak's own jobs: the built-in archive schedule would add one
+        # at every 5-minute boundary.
+        conn.execute("UPDATE rota.schedule SET suspend = true WHERE name = 'rota/archive'")
+        conn.execute("CREATE TABLE soak_effect (job_id bigint, worker text, attempt int)")
+        conn.execute("CREATE TABLE soak_refused (job_id bigint, worker text, attempt int)")
+    fleet = Fleet(url, tmp_path)
+    yield fleet
+    fleet.stop_all()
+
+
+class Soak:
+    """The chaos loop's state and figures."""
+
+    def __init__(self, server: CrashSafePostgres, fleet: Fleet, plan: Plan, seed: int) -> None:
+        self.server = server
+        self.fleet = fleet
+        self.url = server.url()
+        self.plan = plan
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.enqueued: list[int] = []
+        self.figures: Counter[str] = Counter()
+        self.late: list[tuple[int, str, int]] = []
+        """(job id, worker id, attempt) held by a worker when it was stopped."""
+
+    # -- the database, through outages ---------------------------------------
+    def query(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def scalar(self, statement: str, *params: Any) -> Any:
+        value = self.query(statement, *params)[0][0]
+        return int(value) if isinstance(value, Decimal) else value
+
+    def enqueue(self, count: int) -> None:
+        jobs = [
+            rota.NewJob(TYPE, {"ms": self.rng.randint(0, self.plan.handler_ms)}, max_attempts=100)
+            for _ in range(count)
+        ]
+
+        def attempt() -> bool:
+            try:
+                self.enqueued += rota.enqueue_many(self.url, jobs)
+            except DatabaseUnavailable:
+                return False
+            return True
+
+        wait_for(attempt, timeout=60, what=f"enqueueing {count} jobs")
+
+    def running_by(self, proc: Proc) -> list[tuple[int, str, int]]:
+        """Jobs `proc` holds and that no transaction has locked (so the reaper can take them)."""
+        rows = self.query(
+            "SELECT id, locked_by, attempts FROM rota.job"
+            " WHERE status = 'running' AND locked_by LIKE %s FOR UPDATE SKIP LOCKED",
+            proc.locked_by_pattern,
+        )
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def busiest(self, procs: list[Proc]) -> Proc:
+        """The process among `procs` holding the most running jobs right now."""
+        counts = dict(
+            self.query(
+                "SELECT split_part(locked_by, ':', 2)::int, count(*) FROM rota.job"
+                " WHERE status = 'running' GROUP BY 1"
+            )
+        )
+        return max(procs, key=lambda p: (counts.get(p.pid, 0), self.rng.random()))
+
+    # -- actions --------------------------------------------------------------
+    def start_worker(self) -> Proc:
+        plan = self.plan
+        return self.fleet.worker(
+            "--concurrency",
+            str(plan.concurrency),
+            "--lease",
+            str(plan.lease),
+            "--poll-interval",
+            "0.5",
+        )
+
+    def act(self, action: str) -> None:
+        wait_for(
+            lambda: self.scalar("SELECT count(*) FROM rota.job WHERE status = 'running'"),
+            timeout=60,
+            what=f"jobs running before {action}",
+        )
+        if action == "kill":
+            victim = self.busiest(self.fleet.alive("worker"))
+            victim.kill()
+            self.start_worker()
+            self.figures["kills"] += 1
+        elif action == "stop":
+            self.stop_past_lease(self.busiest(self.fleet.alive("worker")))
+        elif action.startswith("restart-"):
+            self.server.stop(action.removeprefix("restart-"))
+            self.server.start()
+            self.figures["restarts"] += 1
+        elif action == "kill-service":
+            victim = self.rng.choice(self.fleet.alive("reaper") + self.fleet.alive("scheduler"))
+            victim.kill()
+            self.start_service(victim.name)
+            self.figures["service_kills"] += 1
+        else:  # pragma: no cover - a typo in a plan
+            raise ValueError(action)
+
+    def stop_past_lease(self, proc: Proc) -> None:
+        """SIGSTOP `proc` until all its leases are reaped, then let it finish late."""
+        proc.send(signal.SIGSTOP)
+        seen: set[tuple[int, str, int]] = set()
+
+        def reaped() -> bool:
+            held = self.running_by(proc)
+            seen.update(held)
+            return not held
+
+        wait_for(
+            reaped,
+            timeout=self.plan.lease + 60,
+            what=f"the leases of stopped worker {proc.pid} to be reaped",
+        )
+        # A statement in flight when the signal landed may still have committed
+        # for the stopped worker (its row locked, so skipped above): only the
+        # attempts whose lease someone else took away are late.
+        rows = self.query(
+            "SELECT h.id, h.worker, h.attempt FROM unnest(%s::bigint[], %s::text[], %s::int[])"
+            " AS h(id, worker, attempt) JOIN rota.job j USING (id)"
+            " WHERE NOT (j.locked_by = h.worker AND j.attempts = h.attempt"
+            "            AND j.status IN ('running', 'done'))",
+            [x[0] for x in seen],
+            [x[1] for x in seen],
+            [x[2] for x in seen],
+        )
+        self.late += [(r[0], r[1], r[2]) for r in rows]
+        proc.send(signal.SIGCONT)
+        self.figures["stops"] += 1
+
+    def supervise(self, restart: bool = True) -> None:
+        """Start again any reaper or scheduler that exited, as a Deployment would.
+
+        `rota reaper` and `rota scheduler` check the schema once at start and exit
+        when the database is not there (a service started slowly can meet a
+        restart); unlike `rota worker`, they do not wait for it.
+        """
+        for proc in list(self.fleet.procs):
+            if proc.name in ("reaper", "scheduler") and not proc.killed and not proc.alive():
+                assert "database unavailable" in proc.output(), proc.output()
+                proc.killed = True  # accounted for
+                self.figures["services_exited_at_start"] += 1
+                if restart:
+                    self.start_service(proc.name)
+
+    def start_service(self, name: str) -> Proc:
+        if name == "reaper":
+            return self.fleet.start("reaper", "reaper", "--interval", "0.5")
+        return self.fleet.start("scheduler", "scheduler")
+
+
+@pytest.mark.timeout(900)
+def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
+    server: CrashSafePostgres, fleet: Fleet, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("ROTA_SOAK_SEED") or random.SystemRandom().randrange(10**6))
+    soak = Soak(server, fleet, plan_from_env(random.Random(seed)), seed)
+    plan = soak.plan
+    began = time.monotonic()
+    batches = [plan.jobs // (len(plan.actions) + 1)] * (len(plan.actions) + 1)
+    batches[0] += plan.jobs - sum(batches)
+    soak.enqueue(batches.pop(0))
+    tick = schedules.upsert(soak.url, schedules.ScheduleSpec(TICK, TYPE, "* * * * *", payload={}))
+    soak.query(
+        "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now()) - interval '1 minute'"
+        " WHERE id = %s",
+        tick["id"],
+    )
+    for _ in range(plan.workers):
+        soak.start_worker()
+    for name in ("reaper", "reaper", "scheduler", "scheduler"):
+        soak.start_service(name)
+
+    # The chaos loop: one batch of fresh work, then one action, until the plan
+    # or the time runs out; whatever work is left is enqueued anyway.
+    for action in plan.actions:
+        if time.monotonic() - began > plan.seconds:
+            break
+        soak.supervise()
+        soak.enqueue(batches.pop(0))
+        soak.act(action)
+        soak.figures["actions"] += 1
+    while batches:
+        soak.enqueue(batches.pop(0))
+    chaos_seconds = time.monotonic() - began
+
+    soak.query("UPDATE rota.schedule SET suspend = true WHERE id = %s", tick["id"])
+    wait_for(
+        lambda: (
+            not soak.scalar(
+                "SELECT count(*) FROM rota.job WHERE type = %s AND status IN ('ready', 'running')",
+                TYPE,
+            )
+        ),
+        timeout=plan.drain_seconds,
+        what="every soak job to end",
+    )
+    soak.supervise(restart=False)
+    died = [p.log_path.name for p in fleet.procs if not p.killed and not p.alive()]
+    codes = fleet.stop_all()
+    assert not died, f"processes ended on their own during the soak: {died}"
+    assert all(code == 0 for code in codes.values()), {p.log_path.name: c for p, c in codes.items()}
+
+    figures = measure(soak)
+    figures.update(
+        seed=seed,
+        seconds=round(time.monotonic() - began, 1),
+        chaos_seconds=round(chaos_seconds, 1),
+        **soak.figures,
+    )
+    print("\nchaos soak:", json.dumps(figures))
+    (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
+
+    assert figures["jobs"] == plan.jobs
+    assert figures["lost"] == 0, "jobs not done"
+    assert figures["duplicates"] == 0, "jobs with more than one effect"
+    assert figures["without_effect"] == 0
+    assert figures["foreign_effects"] == 0, "effects not written by the attempt that holds the row"
+    assert figures["late_effects"] == 0, "effects written by a late finisher"
+    assert figures["running"] == 0
+    assert figures["ticks"] >= 1 and figures["tick_slots_doubled"] == 0
+    if soak.figures["stops"]:
+        assert figures["late_refused"] >= 1, "the late finisher never tried to complete"
+    assert len(soak.late) <= figures["lease_expirations"] <= figures["extra_attempts"]
+
+
+def measure(soak: Soak) -> dict[str, Any]:
+    one = soak.scalar
+    ids = soak.enqueued
+    late = soak.late
+    return {
+        "jobs": one("SELECT count(*) FROM rota.job WHERE id = ANY(%s) AND type = %s", ids, TYPE),
+        "lost": len(ids)
+        - one("SELECT count(*) FROM rota.job WHERE id = ANY(%s) AND status = 'done'", ids),
+        "running": one("SELECT count(*) FROM rota.job WHERE status = 'running'"),
+        "ticks": one(
+            "SELECT count(*) FROM rota.job j JOIN rota.schedule s ON s.id = j.schedule_id"
+            " WHERE s.name = %s AND j.status = 'done'",
+            TICK,
+        ),
+        "tick_slots_doubled": one(
+            "SELECT count(*) FROM (SELECT slot FROM rota.job WHERE schedule_id IS NOT NULL"
+            " GROUP BY schedule_id, slot HAVING count(*) > 1) d"
+        ),
+        "effects": one("SELECT count(*) FROM soak_effect"),
+        "duplicates": one("SELECT count(*) - count(DISTINCT job_id) FROM soak_effect"),
+        "without_effect": one(
+            "SELECT count(*) FROM rota.job j WHERE j.type = %s"
+            " AND NOT EXISTS (SELECT 1 FROM soak_effect e WHERE e.job_id = j.id)",
+            TYPE,
+        ),
+        "foreign_effects": one(
+            "SELECT count(*) FROM soak_effect e JOIN rota.job j ON j.id = e.job_id"
+            " WHERE e.worker IS DISTINCT FROM j.locked_by OR e.attempt <> j.attempts"
+        ),
+        "late_held": len(late),
+        "late_effects": one(
+            "SELECT count(*) FROM soak_effect e JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
+            " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
+            [x[0] for x in late],
+            [x[1] for x in late],
+            [x[2] for x in late],
+        ),
+        "late_refused": one(
+            "SELECT count(*) FROM soak_refused r JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
+            " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
+            [x[0] for x in late],
+            [x[1] for x in late],
+            [x[2] for x in late],
+        ),
+        "refused": one("SELECT count(*) FROM soak_refused"),
+        "reruns": one("SELECT count(*) FROM rota.job WHERE type = %s AND attempts > 1", TYPE),
+        "extra_attempts": one(
+            "SELECT coalesce(sum(attempts - 1), 0) FROM rota.job WHERE type = %s", TYPE
+        ),
+        "lease_expirations": one("SELECT coalesce(sum(count), 0) FROM rota.lease_expiration"),
+    }
