@@ -76,12 +76,12 @@ def plan_from_env(rng: random.Random) -> Plan:
     return Plan(
         jobs=2000,
         workers=3,
-        concurrency=4,
+        concurrency=5,
         lease=3,
         actions=("kill", "stop", "restart-fast", "kill", "kill-service", "restart-immediate"),
         seconds=35,
         drain_seconds=120,
-        handler_ms=20,
+        handler_ms=10,
     )
 
 
@@ -156,15 +156,22 @@ class Soak:
         )
         return [(r[0], r[1], r[2]) for r in rows]
 
-    def busiest(self, procs: list[Proc]) -> Proc:
-        """The process among `procs` holding the most running jobs right now."""
-        counts = dict(
-            self.query(
-                "SELECT split_part(locked_by, ':', 2)::int, count(*) FROM rota.job"
-                " WHERE status = 'running' GROUP BY 1"
+    def busy_worker(self) -> Proc:
+        """A live worker holding running jobs (the busiest), once there is one."""
+
+        def busiest() -> Proc | None:
+            counts = dict(
+                self.query(
+                    "SELECT split_part(locked_by, ':', 2)::int, count(*) FROM rota.job"
+                    " WHERE status = 'running' GROUP BY 1"
+                )
             )
-        )
-        return max(procs, key=lambda p: (counts.get(p.pid, 0), self.rng.random()))
+            procs = self.fleet.alive("worker")
+            best = max(procs, key=lambda p: (counts.get(p.pid, 0), self.rng.random()))
+            return best if counts.get(best.pid) else None
+
+        found: Proc = wait_for(busiest, timeout=60, what="a worker running jobs")
+        return found
 
     # -- actions --------------------------------------------------------------
     def start_worker(self) -> Proc:
@@ -185,12 +192,12 @@ class Soak:
             what=f"jobs running before {action}",
         )
         if action == "kill":
-            victim = self.busiest(self.fleet.alive("worker"))
+            victim = self.busy_worker()
             victim.kill()
             self.start_worker()
             self.figures["kills"] += 1
         elif action == "stop":
-            self.stop_past_lease(self.busiest(self.fleet.alive("worker")))
+            self.stop_past_lease(self.busy_worker())
         elif action.startswith("restart-"):
             self.server.stop(action.removeprefix("restart-"))
             self.server.start()
@@ -230,9 +237,25 @@ class Soak:
             [x[1] for x in seen],
             [x[2] for x in seen],
         )
-        self.late += [(r[0], r[1], r[2]) for r in rows]
+        late = [(r[0], r[1], r[2]) for r in rows]
+        self.late += late
         proc.send(signal.SIGCONT)
         self.figures["stops"] += 1
+        # Before the next fault, let each resumed handler reach its completion
+        # (refused: the lease is gone) so that what it did can be checked.
+        if late:
+            wait_for(
+                lambda: (
+                    self.scalar(
+                        "SELECT count(*) FROM soak_refused r JOIN unnest(%s::bigint[], %s::text[],"
+                        " %s::int[]) AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
+                        *(list(column) for column in zip(*late, strict=True)),
+                    )
+                    == len(late)
+                ),
+                timeout=60,
+                what=f"the late finisher {proc.pid} to try its {len(late)} completions",
+            )
 
     def supervise(self, restart: bool = True) -> None:
         """Start again any reaper or scheduler that exited, as a Deployment would.
@@ -290,6 +313,18 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
         soak.enqueue(batches.pop(0))
     chaos_seconds = time.monotonic() - began
 
+    def ticked() -> bool:
+        return bool(soak.scalar("SELECT count(*) FROM rota.job WHERE schedule_id = %s", tick["id"]))
+
+    try:
+        wait_for(ticked, timeout=60, what="a job from the soak's schedule")
+    except AssertionError:
+        activity = soak.query(
+            "SELECT pid, application_name, state, xact_start, left(query, 80)"
+            " FROM pg_stat_activity WHERE datname IS NOT NULL"
+        )
+        schedule = soak.query("SELECT * FROM rota.schedule WHERE id = %s", tick["id"])
+        raise AssertionError(f"no tick: {schedule} {activity}") from None
     soak.query("UPDATE rota.schedule SET suspend = true WHERE id = %s", tick["id"])
     wait_for(
         lambda: (
@@ -325,8 +360,11 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
     assert figures["late_effects"] == 0, "effects written by a late finisher"
     assert figures["running"] == 0
     assert figures["ticks"] >= 1 and figures["tick_slots_doubled"] == 0
+    # Every attempt a stopped worker held was still in its handler: each one,
+    # resumed, tried to complete and was refused.
+    assert figures["late_refused"] == figures["late_held"]
     if soak.figures["stops"]:
-        assert figures["late_refused"] >= 1, "the late finisher never tried to complete"
+        assert figures["late_held"] >= 1, "the stopped worker held nothing"
     assert len(soak.late) <= figures["lease_expirations"] <= figures["extra_attempts"]
 
 
@@ -344,6 +382,14 @@ def measure(soak: Soak) -> dict[str, Any]:
             " WHERE s.name = %s AND j.status = 'done'",
             TICK,
         ),
+        "tick_schedule": [
+            str(x)
+            for x in soak.query(
+                "SELECT next_run_at, last_slot, missed_slots, skipped_slots, suspend"
+                " FROM rota.schedule WHERE name = %s",
+                TICK,
+            )[0]
+        ],
         "tick_slots_doubled": one(
             "SELECT count(*) FROM (SELECT slot FROM rota.job WHERE schedule_id IS NOT NULL"
             " GROUP BY schedule_id, slot HAVING count(*) > 1) d"
