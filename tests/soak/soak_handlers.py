@@ -46,6 +46,11 @@ def effect_once(job: rota.Job) -> None:
             raise RuntimeError("lease lost: effect rolled back") from None
 
 
+@rota.handler("soak.noop")
+def noop(job: rota.Job) -> None:
+    return None
+
+
 @rota.handler("failover.run")
 def run_and_log(job: rota.Job) -> None:
     time.sleep(float((job.payload or {}).get("ms", 0)) / 1000)

@@ -1,11 +1,12 @@
 """Database failover: the primary goes, its streaming standby is promoted, Rota carries on.
 
-Workers, a scheduler and a reaper are given one multi-host URL with
-target_session_attrs=read-write, so every (re)connection finds whichever
-server accepts writes. Replication is asynchronous: the test cuts the standby
-off from the primary a while before the primary stops, so the completions of
-that while are known not to have reached the standby. Those jobs run again
-(at-least-once allows it); every other job runs once, and none is lost.
+Workers, a `rota scheduler` and a `rota reaper` (the only ones: the workers run
+neither), and the operator's database measures, are all given one multi-host
+URL with target_session_attrs=read-write, so every (re)connection finds
+whichever server accepts writes. Replication is asynchronous: the test cuts the
+standby off from the primary a while before the primary stops, so the
+completions of that while are known not to have reached the standby. Those jobs
+run again (at-least-once allows it); every other job runs once, none is lost.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tests.pgcluster import CrashSafePostgres, StreamingStandby
 from tests.soak.harness import Fleet
 
 TYPE = "failover.run"
+PROBE = "soak.noop"
 JOBS = 800
 
 
@@ -50,6 +52,18 @@ def cluster() -> Iterator[tuple[EmbeddedPostgres, StreamingStandby]]:
 def multi_host_url(*servers: EmbeddedPostgres) -> str:
     hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
     return f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
+
+
+def due_schedule(url: str, name: str) -> int:
+    """A schedule of `PROBE` jobs every minute, its latest slot due now; returns its id."""
+    row = schedules.upsert(url, schedules.ScheduleSpec(name, PROBE, "* * * * *"))
+    scalar(
+        url,
+        "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now()) - interval '1 minute'"
+        " WHERE id = %s RETURNING id",
+        row["id"],
+    )
+    return int(row["id"])
 
 
 def scalar(url: str, statement: str, *params: Any) -> Any:
@@ -100,10 +114,32 @@ def test_workers_scheduler_and_operator_carry_on_after_the_standby_is_promoted(
     fleet = Fleet(url, tmp_path, ROTA_RUNS_LOG=str(runs))
     operator_metrics.serve_database_measures(url)
     try:
-        worker_args = ("--concurrency", "4", "--lease", "3", "--poll-interval", "0.5")
-        workers = [fleet.worker(*worker_args) for _ in range(2)]
+        # The scheduler and the reaper first, each seen at work before the
+        # workers start (and so before the failover): a due slot enqueued, an
+        # expired lease reset.
+        before = due_schedule(url, "failover/before")
+        stale = rota.enqueue(url, PROBE)
+        scalar(
+            url,
+            "UPDATE rota.job SET status = 'running', locked_by = 'gone', attempts = 1,"
+            " locked_until = now() - interval '1 minute' WHERE id = %s RETURNING id",
+            stale,
+        )
         fleet.start("scheduler", "scheduler")
         fleet.start("reaper", "reaper", "--interval", "0.5")
+        wait_for(
+            lambda: scalar(url, "SELECT count(*) FROM rota.job WHERE schedule_id = %s", before),
+            what="the scheduler's first slot",
+        )
+        wait_for(
+            lambda: scalar(url, "SELECT status FROM rota.job WHERE id = %s", stale) == "ready",
+            what="the reaper's first reset",
+        )
+        # Workers without their own scheduler and reaper: whatever is scheduled
+        # or reset after the failover shows that those two processes carried on.
+        worker_args = ("--concurrency", "4", "--lease", "3", "--poll-interval", "0.5")
+        worker_args += ("--no-scheduler", "--no-reaper")
+        workers = [fleet.worker(*worker_args) for _ in range(2)]
         count_done = "SELECT count(*) FROM rota.job WHERE type = 'failover.run' AND status = 'done'"
         wait_for(lambda: (scalar(url, count_done) or 0) >= JOBS // 4, what="a quarter done")
         assert b"rota_jobs" in generate_latest(operator_metrics.REGISTRY)
@@ -136,27 +172,21 @@ def test_workers_scheduler_and_operator_carry_on_after_the_standby_is_promoted(
         all_done_at = time.monotonic()
 
         # The scheduler found the new primary too: a due slot is enqueued and run.
-        tick = schedules.upsert(url, schedules.ScheduleSpec("failover/tick", TYPE, "* * * * *"))
-        scalar(
-            url,
-            "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now())"
-            " - interval '1 minute' WHERE id = %s RETURNING id",
-            tick["id"],
-        )
+        after = due_schedule(url, "failover/after")
         wait_for(
             lambda: (
-                scalar(url, "SELECT status FROM rota.job WHERE schedule_id = %s", tick["id"])
-                == "done"
+                scalar(url, "SELECT status FROM rota.job WHERE schedule_id = %s", after) == "done"
             ),
             timeout=120,
             what="the scheduled job on the promoted standby",
         )
+        for schedule in (before, after):
+            scalar(
+                url, "UPDATE rota.schedule SET suspend = true WHERE id = %s RETURNING id", schedule
+            )
 
         # The operator's database measures, read through the same URL, come
         # from the promoted standby.
-        scalar(
-            url, "UPDATE rota.schedule SET suspend = true WHERE id = %s RETURNING id", tick["id"]
-        )
         scraped = [b""]
 
         def scrape() -> bool:
@@ -174,7 +204,8 @@ def test_workers_scheduler_and_operator_carry_on_after_the_standby_is_promoted(
         status = DatabaseCollector(url, cache_seconds=0).status()
         assert status is not None
         assert status["types"][TYPE]["done"] == scalar(url, count_done)
-        assert all(w.alive() for w in workers) and len(fleet.alive("scheduler")) == 1
+        assert all(w.alive() for w in workers)
+        assert len(fleet.alive("scheduler")) == len(fleet.alive("reaper")) == 1
     finally:
         for collector in list(operator_metrics.REGISTRY._collector_to_names):
             if isinstance(collector, DatabaseCollector):
