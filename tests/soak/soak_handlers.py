@@ -13,6 +13,7 @@ runs that happened again can be counted.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import psycopg
@@ -26,24 +27,36 @@ class _Refused(Exception):
     """rota.complete wrote nothing: the lease is no longer ours."""
 
 
+_local = threading.local()
+
+
+def _connection() -> psycopg.Connection[tuple[object, ...]]:
+    """This handler thread's connection, opened again after the server went away."""
+    conn: psycopg.Connection[tuple[object, ...]] | None = getattr(_local, "conn", None)
+    if conn is None or conn.closed or conn.broken:
+        conn = psycopg.connect(DSN, autocommit=True, connect_timeout=5)
+        _local.conn = conn
+    return conn
+
+
 @rota.handler("soak.effect")
 def effect_once(job: rota.Job) -> None:
     time.sleep(float((job.payload or {}).get("ms", 0)) / 1000)
-    with psycopg.connect(DSN, autocommit=True, connect_timeout=5) as conn:
-        try:
-            with conn.transaction():
-                conn.execute(
-                    "INSERT INTO soak_effect (job_id, worker, attempt) VALUES (%s, %s, %s)",
-                    (job.id, job.locked_by, job.attempts),
-                )
-                if not rota.complete(conn, job):
-                    raise _Refused
-        except _Refused:
+    conn = _connection()
+    try:
+        with conn.transaction():
             conn.execute(
-                "INSERT INTO soak_refused (job_id, worker, attempt) VALUES (%s, %s, %s)",
+                "INSERT INTO soak_effect (job_id, worker, attempt) VALUES (%s, %s, %s)",
                 (job.id, job.locked_by, job.attempts),
             )
-            raise RuntimeError("lease lost: effect rolled back") from None
+            if not rota.complete(conn, job):
+                raise _Refused
+    except _Refused:
+        conn.execute(
+            "INSERT INTO soak_refused (job_id, worker, attempt) VALUES (%s, %s, %s)",
+            (job.id, job.locked_by, job.attempts),
+        )
+        raise RuntimeError("lease lost: effect rolled back") from None
 
 
 @rota.handler("soak.noop")
