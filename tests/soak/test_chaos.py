@@ -118,7 +118,10 @@ class Soak:
         self.rng = random.Random(seed)
         self.seed = seed
         self.enqueued: list[int] = []
-        self.figures: Counter[str] = Counter()
+        self.figures: Counter[str] = Counter(
+            dict.fromkeys(("kills", "stops", "restarts", "service_kills"), 0)
+        )
+        self.figures["services_exited_at_start"] = 0
         self.late: list[tuple[int, str, int]] = []
         """(job id, worker id, attempt) held by a worker when it was stopped."""
 
