@@ -1,9 +1,11 @@
 """Rota: background jobs and recurring schedules on one PostgreSQL table."""
 
 from rota.claim import complete
+from rota.control import cancel, pause, paused, resume
 from rota.effects import effect_result, record_effect
 from rota.enqueue import enqueue, enqueue_many
 from rota.errors import (
+    Cancelled,
     DatabaseError,
     DatabaseUnavailable,
     InvalidInput,
@@ -12,25 +14,31 @@ from rota.errors import (
     RotaError,
 )
 from rota.handlers import Context, handler
-from rota.jobs import Job, NewJob, Status
+from rota.jobs import Job, NewJob, Outcome, Status
 from rota.migrate import migrate
 
 __all__ = [
+    "Cancelled",
     "Context",
     "DatabaseError",
     "DatabaseUnavailable",
     "InvalidInput",
     "Job",
     "NewJob",
+    "Outcome",
     "Permanent",
     "Retry",
     "RotaError",
     "Status",
+    "cancel",
     "complete",
     "effect_result",
     "enqueue",
     "enqueue_many",
     "handler",
     "migrate",
+    "pause",
+    "paused",
     "record_effect",
+    "resume",
 ]

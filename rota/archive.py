@@ -23,7 +23,8 @@ from rota import sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput, Permanent
 from rota.handlers import Context, handler
-from rota.jobs import Job
+from rota.jobs import Job, Status
+from rota.services import Service
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class ArchiveSettings:
     how long its idempotency key keeps refusing a second job."""
 
     failed_retention_seconds: float = 30 * _DAY
-    """How long failed and dead rows stay, in seconds after they finished: long
+    """How long failed, dead and cancelled rows stay, in seconds after they finished: long
     enough to read their errors and retry them."""
 
     batch_size: int = 1000
@@ -69,14 +70,22 @@ class ArchiveResult:
     done: int = 0
     """Done rows moved."""
     failed: int = 0
-    """Failed and dead rows moved."""
+    """Failed, dead and cancelled rows moved."""
     batches: int = 0
     """Statements run."""
     capped: bool = False
     """True when max_batches stopped the run: rows may be left for the next run."""
 
+    @property
+    def count(self) -> int:
+        return self.done + self.failed
 
-class Archiver:
+
+class Archiver(Service):
+    name = "archiver"
+    interval_seconds = 300.0
+    """As often as the built-in schedule runs it."""
+
     def __init__(self, settings: ArchiveSettings | None = None) -> None:
         self.settings = settings or ArchiveSettings()
 
@@ -84,8 +93,8 @@ class Archiver:
         """Move what is old enough, batch by batch, up to max_batches statements."""
         s = self.settings
         kinds = [
-            (["done"], s.done_retention_seconds),
-            (["failed", "dead"], s.failed_retention_seconds),
+            ([Status.DONE], s.done_retention_seconds),
+            ([Status.FAILED, Status.DEAD, Status.CANCELLED], s.failed_retention_seconds),
         ]
         moved = [0, 0]
         batches, capped = 0, False

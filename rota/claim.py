@@ -11,38 +11,43 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Literal
 
 from rota import sql
 from rota.db import Conn, fetch_all
-from rota.jobs import Job
-
-Outcome = Literal["done", "failed", "retry", "release"]
+from rota.jobs import Job, Outcome, Status
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Finish:
-    """How one attempt of a job ended, as the worker saw it."""
+class Attempt:
+    """How one attempt of a job ended, as its worker saw it: what to write."""
 
     job_id: int
     attempts: int
     """The attempt number the worker claimed (the lease is tied to it)."""
     outcome: Outcome
+    """DONE, RETRY, FAILED, RELEASED or CANCELLED: what the handler run decided."""
     delay: float = 0.0
     """Seconds before a retried or released job may run again."""
     error: str | None = None
+    type: str = ""
+    """The job's type, for logs and metrics (not written)."""
+    duration_seconds: float = 0.0
+    """How long the handler ran (not written)."""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(job id, attempt): one attempt of one job, never confused with another."""
+        return (self.job_id, self.attempts)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Finished:
-    """A finish that was written: the row's new status and what it took."""
+class Lease:
+    """A lease the heartbeat extended."""
 
     job_id: int
-    status: str
-    type: str
     attempts: int
-    started_at: datetime | None
-    finished_at: datetime | None
+    cancel_requested: bool
+    """Somebody asked to cancel the job: its handler should stop."""
 
 
 def claim(
@@ -67,64 +72,60 @@ def claim(
             "now": now,
         },
     )
-    return sorted((Job.from_row(row) for row in rows), key=lambda job: (job.run_at, job.id))
+    return sorted(
+        (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.id)
+    )
 
 
 def extend_leases(
     conn: Conn,
     worker_id: str,
-    held: dict[int, int],
+    held: Iterable[tuple[int, int]],
     lease_seconds: float,
     now: datetime | None = None,
-) -> set[int]:
-    """Extend the leases on `held` (job id -> attempt); return the ids still held."""
-    if not held:
-        return set()
+) -> list[Lease]:
+    """Extend the leases on `held` (job id, attempt); return those still held."""
+    keys = list(held)
+    if not keys:
+        return []
     rows = fetch_all(
         conn,
         sql.query("extend_leases"),
         {
-            "ids": list(held),
-            "attempts": list(held.values()),
+            "ids": [job_id for job_id, _ in keys],
+            "attempts": [attempts for _, attempts in keys],
             "worker": worker_id,
             "lease": lease_seconds,
             "now": now,
         },
     )
-    return {row["id"] for row in rows}
+    return [Lease(r["id"], r["attempts"], r["cancel_requested"]) for r in rows]
 
 
-def finish(
-    conn: Conn, worker_id: str, finishes: Iterable[Finish], now: datetime | None = None
-) -> list[Finished]:
-    """Write a batch of outcomes; only those whose lease is still held are written."""
-    batch = list(finishes)
+def write_outcomes(
+    conn: Conn, worker_id: str, attempts: Iterable[Attempt], now: datetime | None = None
+) -> dict[tuple[int, int], Status]:
+    """Write a batch of outcomes; only those whose lease is still held are written.
+
+    Returns the new status of each attempt written, by (job id, attempt).
+    """
+    batch = list(attempts)
     if not batch:
-        return []
+        return {}
     rows = fetch_all(
         conn,
-        sql.query("finish_jobs"),
+        sql.query("write_outcomes"),
         {
-            "ids": [f.job_id for f in batch],
-            "attempts": [f.attempts for f in batch],
-            "outcomes": [f.outcome for f in batch],
-            "delays": [float(f.delay) for f in batch],
-            "errors": [f.error for f in batch],
+            "ids": [a.job_id for a in batch],
+            "attempts": [a.attempts for a in batch],
+            "outcomes": [a.outcome.value for a in batch],
+            "delays": [float(a.delay) for a in batch],
+            "errors": [a.error for a in batch],
             "worker": worker_id,
             "now": now,
         },
     )
-    return [
-        Finished(
-            job_id=r["id"],
-            status=r["status"],
-            type=r["type"],
-            attempts=r["attempts"],
-            started_at=r["started_at"],
-            finished_at=r["finished_at"],
-        )
-        for r in rows
-    ]
+    return {(r["id"], r["attempts"]): Status(r["status"]) for r in rows}
 
 
 def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
@@ -136,7 +137,9 @@ def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
     """
     if job.locked_by is None:
         return False
-    written = finish(conn, job.locked_by, [Finish(job.id, job.attempts, "done")], now)
+    written = write_outcomes(
+        conn, job.locked_by, [Attempt(job.id, job.attempts, Outcome.DONE)], now
+    )
     return bool(written)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from rota.errors import DatabaseError, DatabaseUnavailable
@@ -81,3 +82,9 @@ def fetch_all(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> lis
     with errors_wrapped(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
+
+
+def listen(conn: Conn, channel: str) -> None:
+    """LISTEN on `channel` (an identifier, quoted as one)."""
+    with errors_wrapped():
+        conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(channel)))

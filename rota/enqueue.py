@@ -8,16 +8,16 @@ gives the id of the row that holds the key.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from rota import sql
+from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput
+from rota.handlers import registered
 from rota.jobs import NewJob
 from rota.settings import QueueSettings
 
@@ -33,11 +33,18 @@ def enqueue(
     run_at: datetime | None = None,
     delay: float | None = None,
     max_attempts: int | None = None,
+    priority: int | None = None,
+    timeout: float | None = None,
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> int:
-    """Enqueue one job and return its id (the existing id for a known key)."""
-    job = NewJob(job_type, payload, key, run_at, delay, max_attempts)
+    """Enqueue one job and return its id (the existing id for a known key).
+
+    `priority` is 0 (runs first) to 9; None takes the default of the type's
+    handler when one is registered in this process, else 0. `timeout` is the
+    seconds each attempt may run (None: the handler's or the worker's default).
+    """
+    job = NewJob(job_type, payload, key, run_at, delay, max_attempts, priority, timeout)
     return enqueue_many(conn_or_dsn, [job], settings=settings, now=now)[0]
 
 
@@ -52,6 +59,7 @@ def enqueue_many(
     if not jobs:
         return []
     payloads = [_checked(job, settings) for job in jobs]
+    handlers = registered()
     params = {
         "types": [job.type for job in jobs],
         "payloads": payloads,
@@ -59,6 +67,8 @@ def enqueue_many(
         "run_ats": [job.run_at for job in jobs],
         "delays": [None if job.delay is None else float(job.delay) for job in jobs],
         "max_attempts": [job.max_attempts for job in jobs],
+        "priorities": [_priority(job, handlers) for job in jobs],
+        "timeouts": [job.timeout for job in jobs],
         "default_max_attempts": settings.default_max_attempts,
         "now": now,
     }
@@ -82,6 +92,13 @@ def enqueue_many(
     return [int(id_) for id_ in ids if id_ is not None]
 
 
+def _priority(job: NewJob, handlers: dict[str, Any]) -> int:
+    if job.priority is not None:
+        return job.priority
+    handler = handlers.get(job.type)
+    return handler.priority if handler is not None and handler.priority is not None else 0
+
+
 def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
     """Validate one job before anything is written; return its payload for the driver."""
     if not isinstance(job.type, str) or not job.type.strip():
@@ -90,20 +107,15 @@ def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
         raise InvalidInput("give run_at or delay, not both")
     if job.run_at is not None and job.run_at.tzinfo is None:
         raise InvalidInput("run_at must carry a time zone (naive datetimes are ambiguous)")
-    if job.delay is not None and job.delay < 0:
-        raise InvalidInput(f"delay must not be negative: {job.delay}")
+    if job.delay is not None:
+        limits.delay_seconds(job.delay)
     if job.max_attempts is not None and job.max_attempts < 1:
         raise InvalidInput(f"max_attempts must be at least 1: {job.max_attempts}")
+    if job.priority is not None:
+        limits.priority(job.priority)
+    if job.timeout is not None:
+        limits.timeout_seconds(job.timeout)
     if job.key is not None and not job.key:
         raise InvalidInput("an idempotency key must not be empty")
-    payload = {} if job.payload is None else job.payload
-    try:
-        encoded = json.dumps(payload, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
-    size = len(encoded.encode())
-    if size > settings.max_payload_bytes:
-        raise InvalidInput(
-            f"payload is {size} bytes, over the limit of {settings.max_payload_bytes} bytes"
-        )
-    return Jsonb(payload, dumps=lambda _: encoded)
+    encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
+    return Jsonb(job.payload, dumps=lambda _: encoded)

@@ -52,3 +52,8 @@ class Permanent(Exception):
     def __init__(self, reason: str = "permanent failure") -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class Cancelled(Exception):
+    """The attempt was asked to stop (timeout or cancel request): raised inside a handler
+    by `Job.raise_if_cancelled`, it ends the attempt the way the stop request says."""

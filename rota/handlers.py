@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from rota import limits
 from rota.db import Conn, connect
 from rota.errors import InvalidInput
 
@@ -39,15 +40,29 @@ class Handler:
     func: HandlerFunc
     is_async: bool
     wants_context: bool
+    timeout: float | None = None
+    """Seconds an attempt may run when the job does not say (None: the worker's default)."""
+    priority: int | None = None
+    """Priority of jobs of this type enqueued without one, by this process."""
 
 
 _registry: dict[str, Handler] = {}
 
 
-def handler(job_type: str) -> Callable[[HandlerFunc], HandlerFunc]:
-    """Register the decorated function as the handler of `job_type`."""
+def handler(
+    job_type: str, *, timeout: float | None = None, priority: int | None = None
+) -> Callable[[HandlerFunc], HandlerFunc]:
+    """Register the decorated function as the handler of `job_type`.
+
+    `timeout`: seconds an attempt may run unless its job says otherwise;
+    `priority`: the default priority of jobs of this type (0 first, 9 last).
+    """
     if not job_type or not job_type.strip():
         raise InvalidInput("a job type must not be empty")
+    if timeout is not None:
+        limits.timeout_seconds(timeout)
+    if priority is not None:
+        limits.priority(priority)
 
     def register(func: HandlerFunc) -> HandlerFunc:
         params = [
@@ -60,6 +75,8 @@ def handler(job_type: str) -> Callable[[HandlerFunc], HandlerFunc]:
             func=func,
             is_async=inspect.iscoroutinefunction(func),
             wants_context=len(params) >= 2,
+            timeout=timeout,
+            priority=priority,
         )
         return func
 

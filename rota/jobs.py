@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import threading
 from datetime import datetime
 from typing import Any
+
+from rota.errors import Cancelled
 
 
 class Status(enum.StrEnum):
@@ -22,6 +25,32 @@ class Status(enum.StrEnum):
     """The handler raised a permanent error; not retried."""
     DEAD = "dead"
     """max_attempts reached: the dead-letter list."""
+    CANCELLED = "cancelled"
+    """Cancelled by an operator: terminal, never retried, archived like failed."""
+
+
+TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.DEAD, Status.CANCELLED})
+"""Statuses a job never leaves by itself."""
+
+
+class Outcome(enum.StrEnum):
+    """How one attempt of a job ended: the one word used from the worker that
+    decides it, through the SQL that writes it, to the metric label that counts it."""
+
+    DONE = "done"
+    """The handler returned."""
+    RETRY = "retry"
+    """The handler raised (or timed out): ready again after a backoff."""
+    DEAD = "dead"
+    """A retry with no attempts left: written as status dead."""
+    FAILED = "failed"
+    """The handler raised `Permanent`, or no handler exists for the type."""
+    RELEASED = "released"
+    """Given back without counting the attempt (shutdown, database outage)."""
+    CANCELLED = "cancelled"
+    """An operator cancelled the job while it ran."""
+    LEASE_LOST = "lease_lost"
+    """The lease was gone before the outcome could be written: nothing written."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +73,24 @@ class Job:
     finished_at: datetime | None = None
     schedule_id: int | None = None
     slot: datetime | None = None
+    priority: int = 0
+    """0 runs first, 9 last."""
+    timeout_seconds: float | None = None
+    """Seconds this job's attempts may run (None: the handler's or the worker's default)."""
+    cancel_requested_at: datetime | None = None
+    releases: int = 0
+    """Consecutive give-backs that did not count as attempts (outages, shutdowns)."""
+    cancelled: threading.Event = dataclasses.field(
+        default_factory=threading.Event, compare=False, repr=False
+    )
+    """Set when the attempt should stop: its timeout passed or somebody cancelled the job.
+    A sync handler checks it (or calls `raise_if_cancelled`) between steps; an async
+    handler is cancelled outright and sees `asyncio.CancelledError`."""
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `rota.Cancelled` when this attempt should stop (see `cancelled`)."""
+        if self.cancelled.is_set():
+            raise Cancelled(f"job {self.id} was asked to stop")
 
     @property
     def effect_key(self) -> str:
@@ -53,12 +100,18 @@ class Job:
         """
         return self.idempotency_key or f"rota-job:{self.id}"
 
+    def to_row(self) -> dict[str, Any]:
+        """The job's columns as plain data (the stop signal is not a column)."""
+        return {f.name: getattr(self, f.name) for f in _COLUMNS}
+
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in row.items() if k in fields}
+        values = {f.name: row[f.name] for f in _COLUMNS if f.name in row}
         values["status"] = Status(values["status"])
         return cls(**values)
+
+
+_COLUMNS = tuple(f for f in dataclasses.fields(Job) if f.name != "cancelled")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,3 +124,7 @@ class NewJob:
     run_at: datetime | None = None
     delay: float | None = None
     max_attempts: int | None = None
+    priority: int | None = None
+    """0 (runs first) to 9; None: the handler's default, else 0."""
+    timeout: float | None = None
+    """Seconds an attempt may run; None: the handler's or the worker's default."""

@@ -6,7 +6,7 @@ are read by `read_status` with queries that touch only partial indexes and small
 side tables, never every row of ``rota.job``; `DatabaseCollector` serves them,
 cached for a few seconds so any number of scrapers costs one round of queries.
 The in-process measures (finished jobs by outcome, durations, attempts) are
-counted by the worker through `record_finish`.
+counted by the worker through `record_outcome`.
 
 This module never decides anything from what it measures: it only reports.
 """
@@ -17,29 +17,24 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rota import sql
-from rota.db import Conn, ConnOrDsn, connect, connection, fetch_all, is_unavailable
+from rota.db import Conn, connect, is_unavailable
 from rota.errors import RotaError
+from rota.jobs import Outcome, Status
+from rota.status import QueueStatus, read_status
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ready", "running", "done", "failed", "dead")
-OUTCOMES = ("done", "retry", "failed", "dead", "released", "lease_lost")
-"""What a worker can report when it lets go of a job (see `record_finish`)."""
-FINAL_OUTCOMES = frozenset({"done", "failed", "dead"})
+FINAL_OUTCOMES = frozenset({Outcome.DONE, Outcome.FAILED, Outcome.DEAD, Outcome.CANCELLED})
 """Outcomes that end a job's life: only these feed the attempts histogram."""
 
 _FINISHED = Counter(
     "rota_jobs_finished",
-    "Jobs a worker let go of, by type and outcome (done, retry, failed, dead, released, "
-    "lease_lost).",
+    "Jobs a worker let go of, by type and outcome (" + ", ".join(Outcome) + ").",
     ["type", "outcome"],
     registry=None,
 )
@@ -77,85 +72,20 @@ _ATTEMPTS = Histogram(
 )
 
 
-def record_finish(job_type: str, outcome: str, duration_seconds: float, attempts: int) -> None:
+def record_outcome(job_type: str, outcome: Outcome, duration_seconds: float, attempts: int) -> None:
     """Count one handler run that ended with `outcome`; called by the worker."""
-    if outcome not in OUTCOMES:
-        raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
+    if outcome not in set(Outcome):
+        raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(Outcome)}")
     _FINISHED.labels(type=job_type, outcome=outcome).inc()
     _DURATION.labels(type=job_type).observe(max(0.0, duration_seconds))
     if outcome in FINAL_OUTCOMES:
         _ATTEMPTS.observe(attempts)
 
 
-# -- reading the database ----------------------------------------------------------
-
-
-def _empty_type() -> dict[str, Any]:
-    return {
-        "ready": 0,
-        "due": 0,
-        "oldest_ready_age_seconds": 0.0,
-        "running": 0,
-        "done": 0,
-        "failed": 0,
-        "dead": 0,
-    }
-
-
-def _types(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    types: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        measures = types.setdefault(row["type"], _empty_type())
-        measures[row["status"]] = int(row["jobs"])
-        if row["status"] == "ready":
-            measures["due"] = int(row["due"])
-            measures["oldest_ready_age_seconds"] = max(0.0, float(row["oldest_ready_age_seconds"]))
-    return dict(sorted(types.items()))
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> dict[str, Any]:
-    """The database measures as plain data (what `rota status --json` prints).
-
-    `now` freezes the clock for tests; by default the database's clock is used.
-    """
-    params = {"now": now}
-    with connection(conn_or_dsn) as conn:
-        counts = fetch_all(conn, sql.query("metrics_job_counts"), params)
-        leases = fetch_all(conn, sql.query("metrics_lease_expirations"), params)[0]
-        by_hour = fetch_all(conn, sql.query("metrics_lease_expirations_by_hour"), params)
-        schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
-    types = _types(counts)
-    return {
-        "now": _iso(leases["now"]),
-        "types": types,
-        "dead_jobs": sum(t["dead"] for t in types.values()),
-        "lease_expirations": {
-            "total": int(leases["total"]),
-            "current_hour": int(leases["current_hour"]),
-            "previous_hour": int(leases["previous_hour"]),
-            "last_24h": int(leases["last_24h"]),
-            "by_hour": [{"hour": _iso(r["hour"]), "count": int(r["count"])} for r in by_hour],
-        },
-        "schedules": [
-            {
-                **row,
-                "next_run_at": _iso(row["next_run_at"]),
-                "missed_slots": int(row["missed_slots"]),
-                "skipped_slots": int(row["skipped_slots"]),
-            }
-            for row in schedules
-        ],
-    }
-
-
 # -- serving it to Prometheus --------------------------------------------------------
 
 
-def _families(status: dict[str, Any] | None) -> list[Metric]:
+def _families(status: QueueStatus | None) -> list[Metric]:
     """The database measures as metric families (empty families without `status`)."""
     age = GaugeMetricFamily(
         "rota_oldest_ready_job_age_seconds",
@@ -178,15 +108,15 @@ def _families(status: dict[str, Any] | None) -> list[Metric]:
         labels=["schedule"],
     )
     if status is not None:
-        for job_type, measures in status["types"].items():
-            age.add_metric([job_type], measures["oldest_ready_age_seconds"])
-            running.add_metric([job_type], measures["running"])
-            for name in STATUSES:
-                jobs.add_metric([name, job_type], measures[name])
-        dead.add_metric([], status["dead_jobs"])
-        expired.add_metric([], status["lease_expirations"]["total"])
-        for schedule in status["schedules"]:
-            missed.add_metric([schedule["name"]], schedule["missed_slots"])
+        for job_type, measures in status.types.items():
+            age.add_metric([job_type], measures.oldest_ready_age_seconds)
+            running.add_metric([job_type], measures.running)
+            for name in Status:
+                jobs.add_metric([name.value, job_type], measures.count(name))
+        dead.add_metric([], status.dead_jobs)
+        expired.add_metric([], status.lease_expirations.total)
+        for schedule in status.schedules:
+            missed.add_metric([schedule.name], schedule.missed_slots)
     return [age, jobs, running, dead, expired, missed]
 
 
@@ -208,7 +138,7 @@ class DatabaseCollector:
         self._clock = clock
         self._lock = threading.Lock()
         self._conn: Conn | None = None
-        self._status: dict[str, Any] | None = None
+        self._status: QueueStatus | None = None
         self._read_at = -math.inf
         self.reads = 0
         """How many times the database was read (for tests and debugging)."""
@@ -219,7 +149,7 @@ class DatabaseCollector:
     def collect(self) -> Iterator[Metric]:
         yield from _families(self.status())
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> QueueStatus | None:
         """The latest measures, read again when the cached ones are too old."""
         with self._lock:
             if self._clock() - self._read_at >= self.cache_seconds:
@@ -227,7 +157,7 @@ class DatabaseCollector:
                 self._read_at = self._clock()
             return self._status
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self) -> QueueStatus | None:
         self.reads += 1
         try:
             if self._conn is None or self._conn.closed:

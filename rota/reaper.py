@@ -1,9 +1,10 @@
 """The reaper: gives back jobs whose worker stopped renewing its lease.
 
 A running row whose locked_until has passed (by the database clock) goes back
-to ready, or to dead when its attempts are used up; each one is counted in
-``rota.lease_expiration`` by UTC hour. Capped batches under SKIP LOCKED let any
-number of reapers run at once without waiting on each other or doubling a reset.
+to ready, to dead when its attempts are used up, or to cancelled when somebody
+asked to cancel it; each one is counted in ``rota.lease_expiration`` by UTC
+hour. Capped batches under SKIP LOCKED let any number of reapers run at once
+without waiting on each other or doubling a reset.
 """
 
 from __future__ import annotations
@@ -12,44 +13,69 @@ import dataclasses
 import logging
 from datetime import datetime
 
-from rota import sql
+from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
-from rota.settings import ReaperSettings
+from rota.errors import InvalidInput
+from rota.jobs import Status
+from rota.services import Service
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
+class ReaperSettings:
+    interval_seconds: float = 5.0
+    """How often the reaper looks for expired leases, in seconds."""
+
+    batch_size: int = 1000
+    """Most rows reset per statement: keeps each transaction and its locks short."""
+
+    max_batches: int = 100
+    """Batches per pass; a pass that hits it is followed by another at once."""
+
+    def __post_init__(self) -> None:
+        limits.interval_seconds(self.interval_seconds, "reaper interval")
+        if self.batch_size < 1 or self.max_batches < 1:
+            raise InvalidInput("reaper needs batch_size >= 1 and max_batches >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class ReapResult:
-    requeued: list[int]
+    requeued: list[int] = dataclasses.field(default_factory=list)
     """Jobs given back to ready."""
-    dead: list[int]
+    dead: list[int] = dataclasses.field(default_factory=list)
     """Jobs whose expired attempt was their last."""
+    cancelled: list[int] = dataclasses.field(default_factory=list)
+    """Jobs somebody had asked to cancel: they end cancelled, not ready."""
+    capped: bool = False
+    """max_batches stopped the pass: more expired leases may be waiting."""
 
     @property
     def count(self) -> int:
-        return len(self.requeued) + len(self.dead)
+        return len(self.requeued) + len(self.dead) + len(self.cancelled)
 
 
-class Reaper:
+class Reaper(Service):
     name = "reaper"
 
     def __init__(self, settings: ReaperSettings | None = None) -> None:
-        settings = settings or ReaperSettings()
-        self.settings = settings
-        self.interval_seconds = settings.interval_seconds
+        self.settings = settings or ReaperSettings()
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.settings.interval_seconds
 
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> ReapResult:
-        """Reset expired leases, batch after batch, until none is left."""
-        requeued: list[int] = []
-        dead: list[int] = []
+        """Reset expired leases, batch after batch, until none is left (or the cap)."""
+        found: dict[Status, list[int]] = {Status.READY: [], Status.DEAD: [], Status.CANCELLED: []}
+        capped = True
         with connection(conn_or_dsn) as conn:
-            while True:
+            for _ in range(self.settings.max_batches):
                 rows = fetch_all(
                     conn, sql.query("reap_expired"), {"limit": self.settings.batch_size, "now": now}
                 )
                 for row in rows:
-                    (dead if row["status"] == "dead" else requeued).append(row["id"])
+                    found[Status(row["status"])].append(row["id"])
                     log.warning(
                         "lease expired: job %s (%s) is now %s",
                         row["id"],
@@ -57,5 +83,6 @@ class Reaper:
                         row["status"],
                     )
                 if len(rows) < self.settings.batch_size:
+                    capped = False
                     break
-        return ReapResult(requeued, dead)
+        return ReapResult(found[Status.READY], found[Status.DEAD], found[Status.CANCELLED], capped)

@@ -1,7 +1,7 @@
 """The scheduler: turns the due slots of recurring schedules into jobs.
 
 A validated `SchedulerSettings`, a `run_once()` that tests call with a frozen
-clock, and a thin loop `run()` that only sleeps, listens and logs. Any number
+clock, and `rota.services.run_loop` to sleep, listen and log. Any number
 of schedulers may run against one database: due schedules are locked with
 SKIP LOCKED, each is handled in its own short transaction, and a slot's job
 carries the idempotency key ``schedule:<id>:<slot>``, so a slot is one job
@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from rota import cron, schedules, sql
-from rota.db import (
-    Conn,
-    ConnOrDsn,
-    connect,
-    connection,
-    errors_wrapped,
-    fetch_all,
-    is_unavailable,
-)
-from rota.errors import InvalidInput, RotaError
+from rota import cron, limits, schedule_store, sql
+from rota.db import Conn, ConnOrDsn, connection, fetch_all
+from rota.errors import InvalidInput
+from rota.services import Service
 from rota.settings import QueueSettings
 
 log = logging.getLogger(__name__)
@@ -49,8 +40,7 @@ class SchedulerSettings:
     """Attempts of a slot's job when its schedule does not set max_attempts."""
 
     def __post_init__(self) -> None:
-        if self.poll_interval_seconds <= 0:
-            raise InvalidInput("scheduler poll_interval_seconds must be above 0")
+        limits.interval_seconds(self.poll_interval_seconds, "scheduler poll interval")
         if self.max_schedules_per_tick < 1 or self.default_max_attempts < 1:
             raise InvalidInput("max_schedules_per_tick and default_max_attempts must be >= 1")
 
@@ -83,10 +73,10 @@ class SchedulerResult:
         )
 
 
-class Scheduler:
+class Scheduler(Service):
     name = "scheduler"
-    wakes_on_schedule_change = True
-    """A loop that listens on ``rota_schedule`` should tick again on a NOTIFY."""
+    wake_channel = schedule_store.NOTIFY_CHANNEL
+    """Every schedule change is notified here: a sleeping scheduler looks again."""
 
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
         self.settings = settings or SchedulerSettings()
@@ -95,10 +85,10 @@ class Scheduler:
     def interval_seconds(self) -> float:
         return self.settings.poll_interval_seconds
 
-    def seconds_until_due(self, conn_or_dsn: ConnOrDsn) -> float:
+    def next_wait(self, conn: Conn) -> float:
         """How long to sleep: until the earliest schedule is due, at most the poll interval."""
-        with connection(conn_or_dsn) as conn:
-            rows = fetch_all(conn, sql.query("schedule_earliest_due"), {"now": None})
+        with connection(conn) as c:
+            rows = fetch_all(c, sql.query("schedule_earliest_due"), {"now": None})
         wait = self.settings.poll_interval_seconds
         if rows and rows[0]["wait"] is not None:
             wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
@@ -150,13 +140,15 @@ class Scheduler:
     def _enqueue(
         self, conn: Conn, row: dict[str, Any], slot: datetime, now: datetime | None
     ) -> bool:
-        offset = schedules.spread_offset(row["name"], row["spread_seconds"])
+        offset = schedule_store.spread_offset(row["name"], row["spread_seconds"])
         params = {
             "type": row["job_type"],
             "payload": Jsonb(row["payload"]),
-            "key": schedules.idempotency_key(row["id"], slot),
+            "key": schedule_store.idempotency_key(row["id"], slot),
             "run_at": slot + timedelta(seconds=offset),
             "max_attempts": row["max_attempts"] or self.settings.default_max_attempts,
+            "priority": row["priority"] if row["priority"] is not None else 0,
+            "timeout_seconds": row["timeout_seconds"],
             "schedule_id": row["id"],
             "slot": slot,
             "now": now,
@@ -180,35 +172,3 @@ class Scheduler:
             "skipped": skipped,
         }
         fetch_all(conn, sql.query("schedule_advance"), params)
-
-    # -- the loop ------------------------------------------------------------
-    def run(self, dsn: str, stop: threading.Event) -> None:
-        """Tick until `stop` is set; sleep until the next due slot, the poll
-        interval or a change notified on ``rota_schedule``, whichever is first."""
-        conn: Conn | None = None
-        while not stop.is_set():
-            try:
-                if conn is None:
-                    conn = connect(dsn)
-                    fetch_all(conn, sql.query("schedule_listen"))
-                result = self.run_once(conn)
-                if result.count:
-                    log.info("scheduler tick: %s", result)
-                if not result.capped:
-                    self._wait(conn, stop)
-            except RotaError as exc:
-                log.warning("scheduler: %s", exc)
-                if conn is not None and is_unavailable(exc):
-                    conn.close()
-                    conn = None
-                stop.wait(self.settings.poll_interval_seconds)
-        if conn is not None:
-            conn.close()
-
-    def _wait(self, conn: Conn, stop: threading.Event) -> None:
-        wait = self.seconds_until_due(conn)
-        end = time.monotonic() + wait
-        with errors_wrapped():
-            while not stop.is_set() and (left := end - time.monotonic()) > 0:
-                for _ in conn.notifies(timeout=min(left, 0.5), stop_after=1):
-                    return

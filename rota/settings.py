@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rota import limits
 from rota.errors import InvalidInput
 
 
@@ -17,7 +18,7 @@ class QueueSettings:
     """Attempts a job gets when it does not say (River and Oban use 20/25): with the
     default backoff that spans about a day before the job is declared dead."""
 
-    max_payload_bytes: int = 256 * 1024
+    max_payload_bytes: int = limits.MAX_PAYLOAD_BYTES
     """Largest JSON payload accepted, in bytes. Jobs carry references, not documents;
     large payloads bloat the table every claim walks."""
 
@@ -45,16 +46,3 @@ class BackoffSettings:
             raise InvalidInput("backoff needs 0 <= base_seconds <= cap_seconds")
         if not 0 <= self.jitter <= 1:
             raise InvalidInput("backoff jitter must be between 0 and 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class ReaperSettings:
-    interval_seconds: float = 5.0
-    """How often the reaper looks for expired leases, in seconds."""
-
-    batch_size: int = 1000
-    """Most rows reset per statement: keeps each transaction and its locks short."""
-
-    def __post_init__(self) -> None:
-        if self.interval_seconds <= 0 or self.batch_size < 1:
-            raise InvalidInput("reaper needs interval_seconds > 0 and batch_size >= 1")

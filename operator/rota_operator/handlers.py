@@ -1,7 +1,7 @@
 """The kopf handlers: the operator's only contact with kopf.
 
 Each handler is thin: it turns kopf's keyword arguments into calls of
-`schedules`, `pools` and the rota core, and turns their outcomes into kopf's
+`jobschedules`, `pools` and the rota core, and turns their outcomes into kopf's
 control flow (a patch, or `TemporaryError` to retry). A database outage is
 retried with exponential backoff and an invalid spec becomes a condition and an
 Event: neither ever stops the operator.
@@ -17,9 +17,9 @@ from typing import Any
 
 import kopf
 
-from rota import schedules as core
+from rota import schedule_store as core
 from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
-from rota_operator import kube, metrics, pools, schedules
+from rota_operator import jobschedules, kube, metrics, pools
 from rota_operator.settings import Settings
 
 SCHEDULES = ("rota.dev", "v1", "jobschedules")
@@ -82,23 +82,23 @@ def _apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int) -> N
     namespace, name = body.meta.namespace or "", body.meta.name or ""
     generation = body.meta.get("generation")
     try:
-        wanted = schedules.to_spec(namespace, name, body.spec)
+        wanted = jobschedules.to_spec(namespace, name, body.spec)
     except InvalidInput as exc:
-        patch.status.update(schedules.invalid_status(body.status, generation, str(exc)))
+        patch.status.update(jobschedules.invalid_status(body.status, generation, str(exc)))
         memo.kube.post_event(_ref_of(body), "Warning", "InvalidSpec", str(exc))
         return
     try:
         row = core.upsert(config.database_url, wanted)
     except DATABASE_ERRORS as exc:
-        patch.status.update(schedules.unavailable_status(body.status, generation, str(exc)))
+        patch.status.update(jobschedules.unavailable_status(body.status, generation, str(exc)))
         raise _retry_later("jobschedules", exc, config, retry) from exc
-    patch.status.update(schedules.synced_status(row, body.status, generation))
+    patch.status.update(jobschedules.synced_status(row, body.status, generation))
 
 
 @kopf.on.delete(*SCHEDULES)
 def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
     """Remove the row; the finalizer holds the object until the database said yes."""
-    name = schedules.row_name(body.meta.namespace or "", body.meta.name or "")
+    name = jobschedules.row_name(body.meta.namespace or "", body.meta.name or "")
     try:
         core.remove(memo.config.database_url, name)
     except DATABASE_ERRORS as exc:
@@ -109,20 +109,20 @@ def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
 def sync_schedule_status(*, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Mirror the row's progress (next run, last slot, missed slots) into the status."""
     status, generation = body.status, body.meta.get("generation")
-    name = schedules.row_name(body.meta.namespace or "", body.meta.name or "")
+    name = jobschedules.row_name(body.meta.namespace or "", body.meta.name or "")
     try:
         row = core.get(memo.config.database_url, name)
     except DATABASE_ERRORS as exc:
         metrics.record_error("jobschedules", type(exc).__name__)
-        patch.status.update(schedules.unavailable_status(status, generation, str(exc)))
+        patch.status.update(jobschedules.unavailable_status(status, generation, str(exc)))
         return
     if row is None:
-        if schedules.is_ready(status):  # removed behind the operator's back: put it back
+        if jobschedules.is_ready(status):  # removed behind the operator's back: put it back
             _apply(body, patch, memo, retry=0)
     elif _recovering(status, body.meta):
-        patch.status.update(schedules.synced_status(row, status, generation))
+        patch.status.update(jobschedules.synced_status(row, status, generation))
     else:
-        patch.status.update(schedules.row_status(row))
+        patch.status.update(jobschedules.row_status(row))
 
 
 @kopf.daemon(*POOLS, cancellation_timeout=10.0)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota import inspect
+from rota import status as queue_status
 from rota.errors import RotaError
 from rota_operator import metrics
 from rota_operator.conditions import now_rfc3339, with_condition
@@ -113,7 +113,7 @@ def _reconcile(
     limits = spec.limits
     if limits.min_replicas > limits.max_replicas:
         raise ValueError(f"minReplicas {limits.min_replicas} > maxReplicas {limits.max_replicas}")
-    age = inspect.queue_age(database_url, spec.job_types)
+    age = queue_status.queue_age(database_url, spec.job_types)
     replicas = kube.read_replicas(ref.namespace, spec.target)
     sample = QueueSample(age.oldest_ready_age_seconds, age.ready_jobs, age.running_jobs)
     decision = decide(limits, replicas.spec, sample, state.memory, now)

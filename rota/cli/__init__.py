@@ -4,12 +4,17 @@ Each module has ``register(subparsers)``, which adds its commands with
 ``set_defaults(func=...)``; a command function takes the parsed arguments and
 returns the exit code. `main` turns `UsageError`/`InvalidInput` into exit 2 with
 a one-line reason and any other `RotaError` into exit 1.
+
+Commands that live outside the core (`rota worker` and `rota demo`, from the
+worker package) come in through the ``rota.commands`` entry point group: each
+entry is a ``register(subparsers)`` function, so the core never imports them.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import os
 import sys
@@ -21,11 +26,13 @@ from rota.errors import InvalidInput, RotaError
 
 # Subcommand modules, in the order `rota --help` lists them.
 _MODULES = [
-    "rota.cli.queue",  # migrate, enqueue, jobs, dead
-    "rota.cli.processes",  # worker, reaper, scheduler, demo
-    "rota.cli.schedule",  # schedule ..., archive
+    "rota.cli.queue",  # migrate, enqueue, pause, resume
+    "rota.cli.jobs",  # jobs ..., dead ...
+    "rota.cli.services",  # reaper, scheduler, archive
+    "rota.cli.schedule",  # schedule ...
     "rota.cli.status",  # status
 ]
+PLUGIN_GROUP = "rota.commands"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in _MODULES:
         importlib.import_module(name).register(sub)
+    for entry in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
     return parser
 
 

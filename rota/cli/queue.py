@@ -1,4 +1,4 @@
-"""`rota migrate`, `rota enqueue`, `rota jobs ...` and `rota dead ...`."""
+"""`rota migrate`, `rota enqueue`, `rota pause` and `rota resume`."""
 
 from __future__ import annotations
 
@@ -6,15 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from rota import inspect
-from rota.cli.common import (
-    UsageError,
-    database_url,
-    parse_instant,
-    parse_json,
-    positive_int,
-    print_json,
-)
+from rota import control
+from rota.cli.common import UsageError, database_url, parse_instant, parse_json, positive_int
 from rota.enqueue import enqueue
 from rota.migrate import migrate
 from rota.settings import QueueSettings
@@ -32,6 +25,8 @@ def register(sub: Any) -> None:
     when.add_argument("--run-at", help="ISO-8601 instant to run at (UTC when no offset)")
     when.add_argument("--delay", type=float, help="seconds from now")
     p.add_argument("--max-attempts", type=positive_int)
+    p.add_argument("--priority", type=int, help="0 (runs first) to 9; default 0")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit of each attempt")
     p.add_argument(
         "--max-payload-bytes",
         type=positive_int,
@@ -40,38 +35,14 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_enqueue)
 
-    jobs = sub.add_parser("jobs", help="list or show jobs").add_subparsers(
-        dest="jobs_command", metavar="COMMAND", required=True
-    )
-    p = jobs.add_parser("list", help="the newest jobs, filtered")
-    p.add_argument("--status")
-    p.add_argument("--type")
-    p.add_argument("--limit", type=positive_int, default=50)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_jobs_list)
-    p = jobs.add_parser("show", help="one job's whole row")
-    p.add_argument("id", type=_job_id)
-    p.set_defaults(func=cmd_jobs_show)
-
-    dead = sub.add_parser("dead", help="the dead-letter list").add_subparsers(
-        dest="dead_command", metavar="COMMAND", required=True
-    )
-    p = dead.add_parser("list", help="jobs that used up their attempts")
-    p.add_argument("--type")
-    p.add_argument("--limit", type=positive_int, default=50)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_dead_list)
-    p = dead.add_parser("retry", help="dead jobs back to ready, with fresh attempts")
-    p.add_argument("ids", nargs="*", type=_job_id)
-    p.add_argument("--all", action="store_true", help="every dead job")
-    p.set_defaults(func=cmd_dead_retry)
-
-
-def _job_id(text: str) -> int:
-    try:
-        return positive_int(text)
-    except UsageError:
-        raise UsageError(f"not a job id: {text!r}") from None
+    for verb, func, text in [
+        ("pause", cmd_pause, "stop workers from claiming jobs of these types"),
+        ("resume", cmd_resume, "let workers claim jobs of these types again"),
+    ]:
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("types", nargs="*", metavar="TYPE")
+        p.add_argument("--all", action="store_true", help="every job type")
+        p.set_defaults(func=func)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -83,8 +54,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = parse_json(args.payload)
     run_at = parse_instant(args.run_at, "--run-at") if args.run_at else None
-    if args.delay is not None and args.delay < 0:
-        raise UsageError(f"--delay must not be negative: {args.delay:g}")
     settings = QueueSettings(max_payload_bytes=args.max_payload_bytes)
     job_id = enqueue(
         database_url(),
@@ -94,60 +63,31 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         run_at=run_at,
         delay=args.delay,
         max_attempts=args.max_attempts,
+        priority=args.priority,
+        timeout=args.timeout,
         settings=settings,
     )
     print(job_id)
     return 0
 
 
-_COLUMNS = ["id", "type", "status", "attempts", "run_at", "locked_by", "last_error"]
+def _types(args: argparse.Namespace) -> list[str] | None:
+    if bool(args.types) == bool(args.all):
+        raise UsageError(f"give job types or --all (not both): rota {args.command} TYPE... | --all")
+    return None if args.all else args.types
 
 
-def _table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        print("(no jobs)")
-        return
-    cells = [[_cell(row.get(c)) for c in _COLUMNS] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(_COLUMNS)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(_COLUMNS, widths, strict=True)))
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if hasattr(value, "isoformat"):
-        return str(value.isoformat(timespec="seconds"))
-    text = str(value).splitlines()[0] if str(value) else ""
-    return text[:60]
-
-
-def cmd_jobs_list(args: argparse.Namespace) -> int:
-    rows = inspect.list_jobs(
-        database_url(), status=args.status, job_type=args.type, limit=args.limit
-    )
-    print_json(rows) if args.json else _table(rows)
+def cmd_pause(args: argparse.Namespace) -> int:
+    types = _types(args)
+    control.pause(database_url(), types)
+    print(f"paused: {', '.join(types) if types else 'every type'}")
     return 0
 
 
-def cmd_jobs_show(args: argparse.Namespace) -> int:
-    print_json(inspect.get_job(database_url(), args.id))
-    return 0
-
-
-def cmd_dead_list(args: argparse.Namespace) -> int:
-    rows = inspect.list_jobs(database_url(), status="dead", job_type=args.type, limit=args.limit)
-    print_json(rows) if args.json else _table(rows)
-    return 0
-
-
-def cmd_dead_retry(args: argparse.Namespace) -> int:
-    if bool(args.ids) == bool(args.all):
-        raise UsageError("give job ids or --all (not both)")
-    revived = inspect.retry_dead(database_url(), args.ids, all_dead=args.all)
-    missing = sorted(set(args.ids) - set(revived))
-    print(f"{len(revived)} job(s) back to ready" + (f": {revived}" if revived else ""))
-    if missing:
-        print(f"not dead (left alone): {missing}")
+def cmd_resume(args: argparse.Namespace) -> int:
+    types = _types(args)
+    control.resume(database_url(), types)
+    print(f"resumed: {', '.join(types) if types else 'every type'}")
+    if types and control.ALL_TYPES in control.paused(database_url()):
+        print("note: every type is still paused (rota resume --all lifts that)")
     return 0

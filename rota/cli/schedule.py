@@ -1,4 +1,4 @@
-"""`rota schedule ...` (recurring schedules) and `rota archive`.
+"""`rota schedule ...`: recurring schedules.
 
 Every command validates its input before writing anything: a bad cron
 expression or time zone is exit 2 with a one-line reason, and nothing stored.
@@ -11,19 +11,17 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from rota import cron, schedules
-from rota.archive import Archiver, ArchiveSettings
+from rota import cron, schedule_store
 from rota.cli.common import (
     UsageError,
     database_url,
-    parse_duration,
     parse_instant,
     parse_json,
     positive_int,
     print_json,
 )
 from rota.errors import RotaError
-from rota.schedules import ScheduleSpec
+from rota.schedule_store import ScheduleSpec
 
 _MAX_PREVIEW = 10_000
 
@@ -40,8 +38,10 @@ def register(sub: Any) -> None:
     p.add_argument("--payload", help="JSON payload of each job (default {})")
     p.add_argument("--max-attempts", type=positive_int)
     p.add_argument("--spread-seconds", type=int, default=0, help="spread run_at over N seconds")
-    p.add_argument("--concurrency-policy", choices=schedules.POLICIES, default="Allow")
+    p.add_argument("--concurrency-policy", choices=schedule_store.POLICIES, default="Allow")
     p.add_argument("--starting-deadline-seconds", type=int, help="drop a slot later than this")
+    p.add_argument("--priority", type=int, help="priority of each slot's job: 0 (first) to 9")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="each job's time limit")
     p.add_argument("--suspend", action="store_true", help="store it suspended")
     p.set_defaults(func=cmd_add)
 
@@ -65,11 +65,6 @@ def register(sub: Any) -> None:
     p.add_argument("--count", type=positive_int, default=10)
     p.set_defaults(func=cmd_preview)
 
-    p = sub.add_parser("archive", help="move finished jobs to rota.job_archive")
-    p.add_argument("--older-than", help="retention of done jobs, e.g. 7d (default 7d)")
-    p.add_argument("--failed-older-than", help="retention of failed and dead jobs (default 30d)")
-    p.set_defaults(func=cmd_archive)
-
 
 def cmd_add(args: argparse.Namespace) -> int:
     spec = ScheduleSpec(
@@ -83,16 +78,18 @@ def cmd_add(args: argparse.Namespace) -> int:
         concurrency_policy=args.concurrency_policy,
         starting_deadline_seconds=args.starting_deadline_seconds,
         max_attempts=args.max_attempts,
+        priority=args.priority,
+        timeout_seconds=args.timeout,
     )
-    schedules.validate(spec)
-    row = schedules.upsert(database_url(), spec)
+    schedule_store.validate(spec)
+    row = schedule_store.upsert(database_url(), spec)
     local, utc = _instants(row["next_run_at"], row["timezone"])
     print(f"{row['name']}: next run {local} ({utc})")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = schedules.list_all(database_url())
+    rows = schedule_store.list_all(database_url())
     if args.json:
         print_json(rows)
         return 0
@@ -135,7 +132,7 @@ def _instants(value: datetime, timezone: str) -> tuple[str, str]:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    if not schedules.remove(database_url(), args.name):
+    if not schedule_store.remove(database_url(), args.name):
         raise RotaError(f"no schedule named {args.name!r}")
     print(f"{args.name}: removed")
     return 0
@@ -150,7 +147,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _set_suspended(name: str, suspend: bool) -> int:
-    row = schedules.set_suspended(database_url(), name, suspend)
+    row = schedule_store.set_suspended(database_url(), name, suspend)
     if row is None:
         raise RotaError(f"no schedule named {name!r}")
     local, utc = _instants(row["next_run_at"], row["timezone"])
@@ -165,24 +162,4 @@ def cmd_preview(args: argparse.Namespace) -> int:
     start = parse_instant(args.start, "--from") if args.start else None
     for slot in cron.preview(args.cron, args.timezone, start, args.count):
         print(slot.isoformat())
-    return 0
-
-
-def cmd_archive(args: argparse.Namespace) -> int:
-    defaults = ArchiveSettings()
-    done = defaults.done_retention_seconds
-    if args.older_than is not None:
-        done = parse_duration(args.older_than, "--older-than")
-    failed = max(defaults.failed_retention_seconds, done)
-    if args.failed_older_than is not None:
-        failed = parse_duration(args.failed_older_than, "--failed-older-than")
-    settings = ArchiveSettings(done_retention_seconds=done, failed_retention_seconds=failed)
-    archiver = Archiver(settings)
-    total_done = total_failed = 0
-    while True:  # a command run goes until nothing old enough is left
-        result = archiver.run_once(database_url())
-        total_done, total_failed = total_done + result.done, total_failed + result.failed
-        if not result.capped:
-            break
-    print(f"archived {total_done} done and {total_failed} failed/dead jobs")
     return 0

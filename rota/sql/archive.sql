@@ -21,10 +21,12 @@ moved AS (
 archived AS (
     INSERT INTO rota.job_archive (id, type, payload, idempotency_key, status, run_at, attempts,
                                   max_attempts, locked_by, locked_until, last_error, created_at,
-                                  started_at, finished_at, schedule_id, slot, archived_at)
+                                  started_at, finished_at, schedule_id, slot, priority,
+                                  timeout_seconds, cancel_requested_at, releases, archived_at)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts,
            locked_by, locked_until, last_error, created_at, started_at, finished_at,
-           schedule_id, slot, coalesce(%(now)s::timestamptz, now())
+           schedule_id, slot, priority, timeout_seconds, cancel_requested_at, releases,
+           coalesce(%(now)s::timestamptz, now())
     FROM moved
     RETURNING 1
 )

@@ -24,7 +24,7 @@ GROUP BY type
 UNION ALL
 SELECT status, type, count(*), 0, 0
 FROM rota.job
-WHERE status IN ('failed', 'dead')
+WHERE status IN ('failed', 'dead', 'cancelled')
 GROUP BY status, type
 UNION ALL
 SELECT 'done', type, sum(count)::bigint, 0, 0

@@ -6,19 +6,23 @@
 -- can be matched to its result; a duplicate key (in the table, or earlier in
 -- the same batch) inserts nothing and reports the id that holds the key.
 WITH input AS (
-    SELECT t.ord, t.type, t.payload, t.key, t.run_at, t.delay, t.max_attempts,
-           nextval(pg_get_serial_sequence('rota.job', 'id')) AS new_id
+    SELECT t.ord, t.type, t.payload, t.key, t.run_at, t.delay, t.max_attempts, t.priority,
+           t.timeout, nextval(pg_get_serial_sequence('rota.job', 'id')) AS new_id
     FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
-                %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[])
-         WITH ORDINALITY AS t(type, payload, key, run_at, delay, max_attempts, ord)
+                %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
+                %(priorities)s::smallint[], %(timeouts)s::float8[])
+         WITH ORDINALITY AS t(type, payload, key, run_at, delay, max_attempts, priority, timeout,
+                              ord)
 ),
 inserted AS (
-    INSERT INTO rota.job (id, type, payload, idempotency_key, run_at, max_attempts, created_at)
+    INSERT INTO rota.job (id, type, payload, idempotency_key, run_at, max_attempts, priority,
+                          timeout_seconds, created_at)
     OVERRIDING SYSTEM VALUE
     SELECT new_id, type, payload, key,
            coalesce(run_at, coalesce(%(now)s::timestamptz, now())
                             + make_interval(secs => coalesce(delay, 0))),
            coalesce(max_attempts, %(default_max_attempts)s),
+           priority, timeout,
            coalesce(%(now)s::timestamptz, now())
     FROM input
     ORDER BY ord
@@ -40,16 +44,27 @@ SELECT idempotency_key, id FROM rota.job WHERE idempotency_key = ANY(%(keys)s::t
 -- name: claim_jobs
 -- Select, lock and mark in one statement. SKIP LOCKED lets any number of
 -- workers claim side by side; the attempt is counted at claim time so a job
--- that kills its worker every time still ends in dead.
+-- that kills its worker every time still ends in dead. Priorities are strict:
+-- the lateral scan walks job_claim_idx one priority at a time (0 first), each
+-- a range scan that stops at the first job not yet due, and the outer LIMIT
+-- stops as soon as enough jobs are locked. Paused types are never claimed.
 WITH picked AS (
-    SELECT id
-    FROM rota.job
-    WHERE status = 'ready'
-      AND run_at <= coalesce(%(now)s::timestamptz, now())
-      AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-    ORDER BY run_at, id
+    SELECT c.id
+    FROM generate_series(0, 9) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT id
+        FROM rota.job
+        WHERE status = 'ready'
+          AND priority = p.priority
+          AND run_at <= coalesce(%(now)s::timestamptz, now())
+          AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+          AND type <> ALL (SELECT type FROM rota.paused_type)
+        ORDER BY run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 )
 UPDATE rota.job AS j
 SET status = 'running',
@@ -63,7 +78,8 @@ RETURNING j.*
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the
--- result is a lease lost.
+-- result is a lease lost. It also brings back which of them somebody asked to
+-- cancel, so a worker learns of a cancel request with no query of its own.
 UPDATE rota.job AS j
 SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s)
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempts)
@@ -72,32 +88,39 @@ WHERE j.id = h.id
   AND j.status = 'running'
   AND j.locked_by = %(worker)s
   AND j.attempts = h.attempts
-RETURNING j.id
+RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested
 
--- name: finish_jobs
+-- name: write_outcomes
 -- Record outcomes of a batch of jobs. Each update holds only if the row is
 -- still running, locked by this worker, at the same attempt: a worker whose
 -- lease was taken away changes nothing.
---   done     -> done
---   failed   -> failed (permanent error)
---   retry    -> ready again after delay, or dead at max_attempts
---   release  -> ready again at once, the attempt not counted (shutdown, outage)
+--   done      -> done
+--   failed    -> failed (permanent error)
+--   retry     -> ready again after delay, or dead at max_attempts
+--   released  -> ready again after delay, the attempt not counted (shutdown, outage)
+--   cancelled -> cancelled
+-- A job somebody asked to cancel never runs again: a retry or a release of it
+-- is written as cancelled (a done or failed outcome stands).
 UPDATE rota.job AS j
 SET status = CASE
+        WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL
+            THEN 'cancelled'
         WHEN f.outcome = 'retry' AND j.attempts >= j.max_attempts THEN 'dead'
-        WHEN f.outcome IN ('retry', 'release') THEN 'ready'
+        WHEN f.outcome IN ('retry', 'released') THEN 'ready'
         ELSE f.outcome
     END,
     run_at = CASE
-        WHEN f.outcome IN ('retry', 'release')
+        WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NULL
             THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
         ELSE j.run_at
     END,
-    attempts = CASE WHEN f.outcome = 'release' THEN j.attempts - 1 ELSE j.attempts END,
+    attempts = CASE WHEN f.outcome = 'released' THEN j.attempts - 1 ELSE j.attempts END,
+    releases = CASE WHEN f.outcome = 'released' THEN j.releases + 1 ELSE 0 END,
     last_error = coalesce(f.error, j.last_error),
     locked_until = NULL,
     finished_at = CASE
-        WHEN f.outcome IN ('done', 'failed')
+        WHEN f.outcome IN ('done', 'failed', 'cancelled')
+          OR (f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL)
           OR (f.outcome = 'retry' AND j.attempts >= j.max_attempts)
             THEN coalesce(%(now)s::timestamptz, now())
     END
@@ -110,7 +133,7 @@ WHERE j.id = f.id
   AND j.status = 'running'
   AND j.locked_by = %(worker)s
   AND j.attempts = f.attempts
-RETURNING j.id, j.status, j.type, j.attempts, j.started_at, j.finished_at
+RETURNING j.id, f.attempts, j.status
 
 -- name: job_states
 SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
@@ -129,10 +152,12 @@ WITH expired AS (
 ),
 reset AS (
     UPDATE rota.job AS j
-    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempts >= j.max_attempts THEN 'dead'
+                      ELSE 'ready' END,
         run_at = coalesce(%(now)s::timestamptz, now()),
         locked_until = NULL,
-        finished_at = CASE WHEN j.attempts >= j.max_attempts
+        finished_at = CASE WHEN j.attempts >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
                            THEN coalesce(%(now)s::timestamptz, now()) END,
         last_error = 'LeaseExpired: worker ' || coalesce(j.locked_by, '?')
                      || ' stopped renewing its lease during attempt ' || j.attempts
@@ -149,27 +174,8 @@ counted AS (
 )
 SELECT id, status, type FROM reset
 
--- name: retry_dead
--- Bring dead jobs back to ready with a fresh set of attempts; the last error
--- stays for the record.
-WITH revived AS (
-    UPDATE rota.job
-    SET status = 'ready',
-        run_at = coalesce(%(now)s::timestamptz, now()),
-        attempts = 0,
-        locked_until = NULL,
-        finished_at = NULL
-    WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
-    RETURNING id
-),
-woken AS (
-    SELECT pg_notify('rota_jobs', '') FROM revived LIMIT 1
-)
-SELECT id FROM revived LEFT JOIN woken ON true ORDER BY id
-
 -- name: list_jobs
-SELECT id, type, status, attempts, max_attempts, run_at, locked_by, locked_until,
-       created_at, finished_at, idempotency_key, left(last_error, 200) AS last_error
+SELECT *
 FROM rota.job
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(type)s::text IS NULL OR type = %(type)s::text)

@@ -10,10 +10,10 @@ SELECT * FROM rota.schedule WHERE name = %(name)s FOR UPDATE
 -- name: schedule_insert
 INSERT INTO rota.schedule (name, job_type, cron, timezone, payload, next_run_at, suspend,
                            spread_seconds, concurrency_policy, starting_deadline_seconds,
-                           max_attempts, created_at, updated_at)
+                           max_attempts, priority, timeout_seconds, created_at, updated_at)
 VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(next_run_at)s,
         %(suspend)s, %(spread_seconds)s, %(concurrency_policy)s, %(starting_deadline_seconds)s,
-        %(max_attempts)s, coalesce(%(now)s::timestamptz, now()),
+        %(max_attempts)s, %(priority)s, %(timeout_seconds)s, coalesce(%(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (name) DO NOTHING
 RETURNING *
@@ -24,7 +24,8 @@ SET job_type = %(job_type)s, cron = %(cron)s, timezone = %(timezone)s, payload =
     next_run_at = %(next_run_at)s, suspend = %(suspend)s, spread_seconds = %(spread_seconds)s,
     concurrency_policy = %(concurrency_policy)s,
     starting_deadline_seconds = %(starting_deadline_seconds)s,
-    max_attempts = %(max_attempts)s, updated_at = coalesce(%(now)s::timestamptz, now())
+    max_attempts = %(max_attempts)s, priority = %(priority)s,
+    timeout_seconds = %(timeout_seconds)s, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE name = %(name)s
 RETURNING *
 
@@ -60,10 +61,10 @@ FROM (SELECT status FROM rota.job WHERE schedule_id = %(schedule_id)s
 
 -- name: schedule_enqueue_slot
 -- The idempotency key makes a slot one job, whoever enqueues it how often.
-INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, schedule_id, slot,
-                      created_at)
-VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(schedule_id)s,
-        %(slot)s, coalesce(%(now)s::timestamptz, now()))
+INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, priority,
+                      timeout_seconds, schedule_id, slot, created_at)
+VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(priority)s,
+        %(timeout_seconds)s, %(schedule_id)s, %(slot)s, coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id
 

@@ -115,24 +115,31 @@ def test_a_worker_whose_lease_was_stolen_cannot_complete_the_job(
 ) -> None:
     job_id = rota.enqueue(db_url, "gated")
     first = WorkerProcess(db_url, "--no-reaper", log=tmp_path / "first.log")
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM started") == 1, what="attempt 1 to start")
-    first_id = scalar(conn, "SELECT locked_by FROM rota.job WHERE id = %s", job_id)
-    # Take the lease away: expire it, reap it, let a second worker claim it.
-    conn.execute(
-        "UPDATE rota.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,)
-    )
-    assert run_rota(db_url, "reaper", "--once").returncode == 0
-    second = WorkerProcess(db_url, "--no-reaper", log=tmp_path / "second.log")
+    second: WorkerProcess | None = None
     try:
+        wait_for(
+            lambda: scalar(conn, "SELECT count(*) FROM started") == 1, what="attempt 1 to start"
+        )
+        first_id = scalar(conn, "SELECT locked_by FROM rota.job WHERE id = %s", job_id)
+        # Freeze the first worker (so it cannot claim the job again itself), take
+        # its lease away (expire it, reap it) and let a second worker claim it.
+        first.signal(signal.SIGSTOP)
+        conn.execute(
+            "UPDATE rota.job SET locked_until = now() - interval '1 second' WHERE id = %s",
+            (job_id,),
+        )
+        assert run_rota(db_url, "reaper", "--once").returncode == 0
+        second = WorkerProcess(db_url, "--no-reaper", log=tmp_path / "second.log")
         wait_for(
             lambda: scalar(conn, "SELECT count(*) FROM started") == 2, what="attempt 2 to start"
         )
         second_id = scalar(conn, "SELECT locked_by FROM rota.job WHERE id = %s", job_id)
         assert second_id != first_id
         # Let only the first (stale) handler finish: the second one is still gated
-        # on the same row, so open the gate and stop the second worker right away.
+        # on the same row, so stop the second worker, wake the first, open the gate.
         second.signal(signal.SIGKILL)
         second.wait()
+        first.signal(signal.SIGCONT)
         conn.execute("INSERT INTO gate VALUES (%s)", (job_id,))
         wait_for(lambda: "lease lost" in first.output(), what="the first worker to notice")
         row = conn.execute(
@@ -140,7 +147,11 @@ def test_a_worker_whose_lease_was_stolen_cannot_complete_the_job(
         ).fetchone()
         assert row == {"status": "running", "locked_by": second_id, "attempts": 2}
     finally:
+        first.signal(signal.SIGCONT)
         first.stop()
+        if second is not None and second.proc.poll() is None:
+            second.proc.kill()
+            second.wait()
 
 
 def test_a_worker_with_a_skewed_host_clock_behaves_by_the_database_clock(
@@ -207,7 +218,7 @@ def test_sigterm_lets_running_jobs_finish_and_gives_back_the_rest(
 def test_the_scheduler_inside_a_worker_enqueues_a_due_slot_that_the_worker_runs(
     db_url: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
-    from rota import schedules
+    from rota import schedule_store as schedules
 
     row = schedules.upsert(db_url, schedules.ScheduleSpec("every-minute", "noop", "* * * * *"))
     conn.execute(

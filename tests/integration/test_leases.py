@@ -12,10 +12,11 @@ from psycopg.rows import dict_row
 
 import rota
 from rota import claim as claims
-from rota.claim import Finish
-from rota.inspect import queue_age, retry_dead
-from rota.reaper import Reaper
-from rota.settings import ReaperSettings
+from rota.claim import Attempt
+from rota.control import retry_dead
+from rota.jobs import Outcome
+from rota.reaper import Reaper, ReaperSettings
+from rota.status import queue_age
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -78,8 +79,8 @@ def test_heartbeat_extends_only_leases_still_held(conn: psycopg.Connection[Any])
     a, b = rota.enqueue_many(conn, [rota.NewJob("t"), rota.NewJob("t")], now=T0)
     claims.claim(conn, "w1", 10, 30, now=at(0))
     conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (b,))
-    kept = claims.extend_leases(conn, "w1", {a: 1, b: 1}, 30, now=at(20))
-    assert kept == {a}
+    kept = claims.extend_leases(conn, "w1", [(a, 1), (b, 1)], 30, now=at(20))
+    assert {lease.job_id for lease in kept} == {a}
     assert row(conn, a)["locked_until"] == at(50)
 
 
@@ -88,19 +89,19 @@ def test_outcomes(conn: psycopg.Connection[Any]) -> None:
         conn, [rota.NewJob("t", max_attempts=m) for m in (5, 5, 5, 1, 5)], now=T0
     )
     claims.claim(conn, "w", 10, 30, now=at(0))
-    written = claims.finish(
+    written = claims.write_outcomes(
         conn,
         "w",
         [
-            Finish(ids[0], 1, "done"),
-            Finish(ids[1], 1, "failed", error="Permanent: bad payload"),
-            Finish(ids[2], 1, "retry", 10, "ValueError: x"),
-            Finish(ids[3], 1, "retry", 10, "ValueError: y"),
-            Finish(ids[4], 1, "release", 0, "Released: worker shut down"),
+            Attempt(ids[0], 1, Outcome.DONE),
+            Attempt(ids[1], 1, Outcome.FAILED, error="Permanent: bad payload"),
+            Attempt(ids[2], 1, Outcome.RETRY, 10, "ValueError: x"),
+            Attempt(ids[3], 1, Outcome.RETRY, 10, "ValueError: y"),
+            Attempt(ids[4], 1, Outcome.RELEASED, 0, "Released: worker shut down"),
         ],
         now=at(5),
     )
-    assert {w.job_id: w.status for w in written} == {
+    assert {job_id: status for (job_id, _), status in written.items()} == {
         ids[0]: "done",
         ids[1]: "failed",
         ids[2]: "ready",
@@ -127,9 +128,9 @@ def test_a_late_finisher_whose_lease_was_taken_changes_nothing(
     Reaper().run_once(conn, now=at(31))
     [again] = claims.claim(conn, "fast", 1, 30, now=at(32))
     assert again.attempts == 2
-    assert claims.finish(conn, "slow", [Finish(job_id, 1, "done")], now=at(40)) == []
+    assert claims.write_outcomes(conn, "slow", [Attempt(job_id, 1, Outcome.DONE)], now=at(40)) == {}
     assert row(conn, job_id)["status"] == "running"
-    assert claims.finish(conn, "fast", [Finish(job_id, 2, "done")], now=at(41))
+    assert claims.write_outcomes(conn, "fast", [Attempt(job_id, 2, Outcome.DONE)], now=at(41))
     assert row(conn, job_id)["status"] == "done"
 
 
@@ -138,7 +139,7 @@ def test_reaper_requeues_expired_leases_and_counts_them_by_hour(
 ) -> None:
     ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=m) for m in (3, 1, 3)], now=T0)
     claims.claim(conn, "w", 10, 30, now=at(0))
-    claims.extend_leases(conn, "w", {ids[2]: 1}, 600, now=at(10))
+    claims.extend_leases(conn, "w", [(ids[2], 1)], 600, now=at(10))
     result = Reaper().run_once(conn, now=at(31))
     assert (result.requeued, result.dead) == ([ids[0]], [ids[1]])
     assert row(conn, ids[0])["status"] == "ready"
@@ -176,10 +177,10 @@ def test_reaper_works_in_capped_batches_and_many_reapers_do_not_double(db_url: s
 def test_dead_jobs_come_back_with_fresh_attempts(conn: psycopg.Connection[Any]) -> None:
     a, b, c = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=1) for _ in range(3)], now=T0)
     claims.claim(conn, "w", 10, 30, now=at(0))
-    claims.finish(
+    claims.write_outcomes(
         conn,
         "w",
-        [Finish(i, 1, "retry", 1, "boom") for i in (a, b)] + [Finish(c, 1, "done")],
+        [Attempt(i, 1, Outcome.RETRY, 1, "boom") for i in (a, b)] + [Attempt(c, 1, Outcome.DONE)],
         now=at(1),
     )
     assert retry_dead(conn, [a, c], now=at(2)) == [a]

@@ -19,10 +19,19 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict
 
-from rota import metrics, sql
-from rota.metrics import DatabaseCollector, build_registry, read_status, record_finish
+from rota import sql
+from rota.metrics import DatabaseCollector, build_registry, record_outcome
+from rota.status import read_status as read_typed_status
 
 NOW = datetime(2030, 3, 14, 15, 30, 0, tzinfo=UTC)
+STATUSES = ("ready", "running", "done", "failed", "dead")
+
+
+def read_status(conn: Any, now: datetime | None = None) -> dict[str, Any]:
+    """The typed status as `rota status --json` shows it."""
+    return read_typed_status(conn, now=now).to_json()
+
+
 HOUR = datetime(2030, 3, 14, 15, 0, 0, tzinfo=UTC)
 
 
@@ -77,9 +86,9 @@ def test_jobs_by_status_and_type_running_and_dead(conn):
     status = read_status(conn, now=NOW)
 
     email = status["types"]["email"]
-    assert [email[s] for s in metrics.STATUSES] == [2, 3, 4, 1, 2]
+    assert [email[s] for s in STATUSES] == [2, 3, 4, 1, 2]
     report = status["types"]["report"]
-    assert [report[s] for s in metrics.STATUSES] == [0, 1, 0, 0, 1]
+    assert [report[s] for s in STATUSES] == [0, 1, 0, 0, 1]
     assert status["dead_jobs"] == 3
 
 
@@ -166,9 +175,9 @@ def test_prometheus_output_parses_back_with_every_measure(conn, db_url):
         "INSERT INTO rota.schedule (name, job_type, cron, next_run_at, missed_slots)"
         " VALUES ('ns/nightly', 'report', '0 3 * * *', now(), 6)"
     )
-    record_finish(job_type, "done", 0.3, 1)
-    record_finish(job_type, "retry", 2.0, 1)
-    record_finish(job_type, "dead", 4.0, 3)
+    record_outcome(job_type, "done", 0.3, 1)
+    record_outcome(job_type, "retry", 2.0, 1)
+    record_outcome(job_type, "dead", 4.0, 3)
 
     got = samples(generate_latest(build_registry(db_url)).decode())
 
@@ -190,9 +199,9 @@ def test_prometheus_output_parses_back_with_every_measure(conn, db_url):
     assert value("rota_job_attempts_bucket", le="+Inf") == value("rota_job_attempts_count")
 
 
-def test_record_finish_rejects_an_unknown_outcome():
+def test_record_outcome_rejects_an_unknown_outcome():
     with pytest.raises(ValueError, match="unknown outcome"):
-        record_finish("email", "exploded", 1.0, 1)
+        record_outcome("email", "exploded", 1.0, 1)
 
 
 def test_scrapes_within_the_interval_share_one_read(conn, db_url):

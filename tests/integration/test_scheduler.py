@@ -11,10 +11,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from rota import schedules
+from rota import schedule_store as schedules
 from rota.errors import InvalidInput
+from rota.schedule_store import ScheduleSpec
 from rota.scheduler import Scheduler, SchedulerSettings
-from rota.schedules import ScheduleSpec
+from rota.services import run_loop
 
 Conn = psycopg.Connection[Any]
 
@@ -267,7 +268,7 @@ def test_loop_wakes_on_notify_and_stops(db_url: str, conn: Conn) -> None:
     conn.execute("UPDATE rota.schedule SET suspend = true")
     stop = threading.Event()
     scheduler = Scheduler(SchedulerSettings(poll_interval_seconds=60))
-    thread = threading.Thread(target=scheduler.run, args=(db_url, stop))
+    thread = threading.Thread(target=run_loop, args=(scheduler, db_url, stop))
     thread.start()
     try:
         row = add(conn, None, cron="* * * * *")  # type: ignore[arg-type]

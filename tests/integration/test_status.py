@@ -7,7 +7,8 @@ import json
 import pytest
 
 from rota.cli import main
-from rota.cli.status import format_age, watch
+from rota.cli.status import watch
+from rota.status import format_age
 
 
 @pytest.fixture

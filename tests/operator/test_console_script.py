@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kube_client import Api, wait_for
 
-from rota import schedules
+from rota import schedule_store as schedules
 
 SCRIPT = pathlib.Path(sys.executable).parent / "rota-operator"
 

@@ -10,7 +10,7 @@ from typing import Any
 from kopf.testing import KopfRunner
 from kube_client import Api, wait_for
 
-from rota import schedules
+from rota import schedule_store as schedules
 
 NS = "default"
 PATH = f"/apis/rota.dev/v1/namespaces/{NS}/jobschedules"

@@ -9,7 +9,7 @@ from typing import Any
 from kopf.testing import KopfRunner
 from kube_client import Api, wait_for
 
-from rota import schedules
+from rota import schedule_store as schedules
 
 PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings"
 

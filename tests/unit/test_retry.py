@@ -7,7 +7,7 @@ import random
 import pytest
 
 from rota.errors import Permanent, Retry
-from rota.jobs import Job, Status
+from rota.jobs import Job, Outcome, Status
 from rota.retry import backoff_seconds, describe_error
 from rota.settings import BackoffSettings
 from rota_worker.execute import outcome_of_error
@@ -80,7 +80,7 @@ def test_database_outage_under_a_handler_is_not_an_attempt() -> None:
     import psycopg
 
     finish = outcome_of_error(_job(), _raise(psycopg.OperationalError("gone")), NO_JITTER)
-    assert finish.outcome == "release"
+    assert finish.outcome == Outcome.RELEASED
 
 
 def test_retry_refuses_negative_delay() -> None:

@@ -15,9 +15,8 @@ import time
 from typing import Any
 
 import rota
-from rota import schedules
-from rota.cli.status import render, warnings
-from rota.metrics import read_status
+from rota import schedule_store
+from rota.status import read_status, render, warnings
 from rota.testing import EmbeddedPostgres
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
@@ -56,10 +55,12 @@ def _seed(dsn: str) -> None:
         + [rota.NewJob("demo.poison", {"n": i}, max_attempts=3) for i in range(2)]
         + [rota.NewJob("demo.email", {"later": True}, delay=20) for _ in range(10)],
     )
-    schedules.upsert(dsn, schedules.ScheduleSpec("demo/every-minute", "demo.report", "* * * * *"))
-    schedules.upsert(
+    schedule_store.upsert(
+        dsn, schedule_store.ScheduleSpec("demo/every-minute", "demo.report", "* * * * *")
+    )
+    schedule_store.upsert(
         dsn,
-        schedules.ScheduleSpec(
+        schedule_store.ScheduleSpec(
             "demo/berlin-quarter", "demo.report", "*/15 * * * *", timezone="Europe/Berlin"
         ),
     )
@@ -67,8 +68,7 @@ def _seed(dsn: str) -> None:
 
 def _status(dsn: str) -> str:
     status = read_status(dsn)
-    status["warnings"] = warnings(status, 60.0, 10)
-    return str(render(status))
+    return render(status, warnings(status, 60.0, 10))
 
 
 def run_demo(seconds: float | None = None, refresh: float = 2.0) -> int:

@@ -1,75 +1,172 @@
-"""Run one handler and turn what happened into an outcome for the queue.
+"""Run one attempt of a job and turn what happened into its outcome.
 
 Pure decision code around the call: success is done; `Retry` and ordinary
 exceptions are retries (dead at max_attempts, decided by the database);
 `Permanent` and unknown types are failed; infrastructure errors (the database
-went away under the handler) give the job back without counting the attempt.
+went away under the handler) give the job back without counting the attempt,
+waiting longer each time, until `MAX_RELEASES` in a row count as an attempt.
+
+An attempt can be stopped from outside (`Execution.stop`): at its timeout, on a
+cancel request, when its lease was lost, or at shutdown. An async handler is
+cancelled and sees `asyncio.CancelledError`; a sync handler sees `job.cancelled`
+set and is no longer waited for: its outcome is decided at once and its slot
+freed, whether or not its thread or child process has returned yet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
+import enum
 import logging
 import time
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Callable
 
 from rota import db
-from rota.claim import Finish
-from rota.errors import Permanent, Retry
+from rota.claim import Attempt
+from rota.errors import Cancelled, Permanent, Retry
 from rota.handlers import Context, Handler
-from rota.jobs import Job
+from rota.jobs import Job, Outcome
 from rota.retry import backoff_seconds, describe_error
 from rota.settings import BackoffSettings
 
 log = logging.getLogger("rota.worker")
 
 OUTAGE_RETRY_SECONDS = 2.0
-"""A job given back because the database failed under it waits this long."""
+"""A job given back because the database failed under it waits this long, doubled
+for every consecutive give-back."""
+
+OUTAGE_RETRY_MAX_SECONDS = 300.0
+"""The longest wait of a job given back for an outage."""
+
+MAX_RELEASES = 10
+"""Consecutive outage give-backs a job gets before the next counts as an attempt."""
+
+SyncRunner = Callable[[Handler, Job, Context], Awaitable[None]]
+"""How a sync handler is run: in a thread, or in a child process."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ran:
-    finish: Finish
-    duration_seconds: float
+class Decided(Exception):
+    """The handler ran elsewhere (a child process), which decided the outcome."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        super().__init__(attempt.outcome)
+        self.attempt = attempt
 
 
-async def run_handler(
-    job: Job,
+class Stop(enum.StrEnum):
+    """Why an attempt was stopped before its handler returned."""
+
+    TIMEOUT = "timeout"
+    CANCEL = "cancel"
+    LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
+
+
+@dataclasses.dataclass
+class Execution:
+    """One attempt being run: the job, its task, and why it was stopped (if it was)."""
+
+    job: Job
+    timeout_seconds: float | None = None
+    stopped: Stop | None = None
+    task: asyncio.Task[Attempt] | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job.id, self.job.attempts)
+
+    def stop(self, why: Stop) -> None:
+        """Stop the attempt (the first reason wins); safe to call more than once."""
+        if self.stopped is not None or self.task is None or self.task.done():
+            return
+        self.stopped = why
+        self.job.cancelled.set()
+        self.task.cancel()
+
+
+def timeout_of(job: Job, handler: Handler | None, default: float | None) -> float | None:
+    """The job's own timeout, else its handler's, else the worker's default."""
+    if job.timeout_seconds is not None:
+        return job.timeout_seconds
+    if handler is not None and handler.timeout is not None:
+        return handler.timeout
+    return default
+
+
+async def run_attempt(
+    execution: Execution,
     handler: Handler | None,
     context: Context,
-    threads: Executor,
+    run_sync: SyncRunner,
     backoff: BackoffSettings,
-) -> Ran:
+) -> Attempt:
+    """Run the handler; return what to write, whether it returned, raised or was stopped."""
+    job = execution.job
     started = time.perf_counter()
+    timer = None
+    if execution.timeout_seconds is not None:
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(execution.timeout_seconds, execution.stop, Stop.TIMEOUT)
     try:
         if handler is None:
             raise Permanent(f"no handler registered for job type {job.type!r}")
-        args = (job, context) if handler.wants_context else (job,)
         if handler.is_async:
+            args = (job, context) if handler.wants_context else (job,)
             await handler.func(*args)
         else:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(threads, functools.partial(handler.func, *args))
+            await run_sync(handler, job, context)
     except asyncio.CancelledError:
-        raise
+        if execution.stopped is None:
+            raise  # not ours: the loop itself is going away
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        outcome = stopped_outcome(execution, backoff)
+    except Cancelled:
+        outcome = stopped_outcome(execution, backoff)
+    except Decided as decided:
+        outcome = decided.attempt
     except BaseException as exc:
-        finish = outcome_of_error(job, exc, backoff)
+        outcome = outcome_of_error(job, exc, backoff)
     else:
-        finish = Finish(job.id, job.attempts, "done")
-    return Ran(finish, time.perf_counter() - started)
+        outcome = Attempt(job.id, job.attempts, Outcome.DONE)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    duration = time.perf_counter() - started
+    return dataclasses.replace(outcome, type=job.type, duration_seconds=duration)
 
 
-def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> Finish:
+def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:
+    """The outcome of an attempt stopped from outside (or that raised `Cancelled`)."""
+    job = execution.job
+    why = execution.stopped
+    if why is Stop.CANCEL:
+        return Attempt(job.id, job.attempts, Outcome.CANCELLED, error="Cancelled: by request")
+    if why is Stop.LEASE_LOST:
+        return Attempt(job.id, job.attempts, Outcome.LEASE_LOST)
+    if why is Stop.SHUTDOWN:
+        return Attempt(job.id, job.attempts, Outcome.RELEASED, error="Released: worker shut down")
+    if why is Stop.TIMEOUT:
+        error = f"Timeout: the attempt ran longer than its {execution.timeout_seconds:g}s limit"
+    else:  # the handler raised Cancelled on its own
+        error = f"Cancelled: job {job.id} stopped itself"
+    return Attempt(
+        job.id, job.attempts, Outcome.RETRY, backoff_seconds(job.attempts, backoff), error
+    )
+
+
+def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> Attempt:
     """What a handler's exception means for its job."""
     if isinstance(exc, Permanent):
-        return Finish(job.id, job.attempts, "failed", error=describe_error(exc))
-    if db.is_unavailable(exc):
-        log.warning("job %s: database unavailable under the handler; given back", job.id)
-        return Finish(
-            job.id, job.attempts, "release", OUTAGE_RETRY_SECONDS, error=describe_error(exc)
+        return Attempt(job.id, job.attempts, Outcome.FAILED, error=describe_error(exc))
+    if db.is_unavailable(exc) and job.releases < MAX_RELEASES:
+        delay = min(OUTAGE_RETRY_SECONDS * 2**job.releases, OUTAGE_RETRY_MAX_SECONDS)
+        log.warning(
+            "job %s: database unavailable under the handler; given back for %.0fs", job.id, delay
         )
+        return Attempt(job.id, job.attempts, Outcome.RELEASED, delay, describe_error(exc))
     if isinstance(exc, Retry) and exc.delay is not None:
         delay = exc.delay
     else:
@@ -77,4 +174,4 @@ def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> 
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         # A handler must not stop the worker; treat it as an ordinary failure.
         log.error("job %s: handler raised %s", job.id, type(exc).__name__)
-    return Finish(job.id, job.attempts, "retry", delay, error=describe_error(exc))
+    return Attempt(job.id, job.attempts, Outcome.RETRY, delay, error=describe_error(exc))

@@ -1,4 +1,5 @@
-"""One database connection for one loop of the worker, reopened after an outage.
+"""One database connection for one loop of the worker, reopened after an outage;
+and the waits the loops share.
 
 Each loop (claim, flush, heartbeat, listen) owns a `Link`, and uses it for one
 call at a time, so a connection is never shared between threads. A call that
@@ -64,3 +65,15 @@ class Backoff:
 
     def reset(self) -> None:
         self.current = self.first
+
+
+async def first(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Wait until any of `events` is set, or `timeout` passes."""
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*waiters, return_exceptions=True)

@@ -1,33 +1,32 @@
-"""HTTP probes and metrics: /healthz (the loop is alive), /readyz (it can reach the
-database and is not stopping), /metrics (Prometheus text format)."""
+"""HTTP probes and metrics: /healthz (the worker can still do work), /readyz (it can
+reach the database and is not stopping), /metrics (Prometheus text format)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 log = logging.getLogger("rota.worker")
 
-STALL_SECONDS = 60.0
-"""/healthz fails when the claim loop has not turned for this long."""
-
 
 def serve(
     port: int,
     snapshot: Callable[[], dict[str, Any]],
-    last_tick: Callable[[], float],
+    health: Callable[[], str | None],
     metrics: Callable[[], bytes],
     host: str = "0.0.0.0",
 ) -> ThreadingHTTPServer:
+    """`health` returns None when healthy, else why not (the body of the 503)."""
+
     class Probe(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/healthz":
-                alive = time.monotonic() - last_tick() < STALL_SECONDS
-                self._reply(200 if alive else 503, b"ok\n" if alive else b"stalled\n")
+                problem = health()
+                body = b"ok\n" if problem is None else f"{problem}\n".encode()
+                self._reply(200 if problem is None else 503, body)
             elif self.path == "/readyz":
                 ready = bool(snapshot()["ready"])
                 self._reply(200 if ready else 503, b"ready\n" if ready else b"not ready\n")

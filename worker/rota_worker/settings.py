@@ -8,8 +8,12 @@ import secrets
 import socket
 from collections.abc import Sequence
 
+from rota import limits
 from rota.errors import InvalidInput
-from rota.settings import BackoffSettings, ReaperSettings
+from rota.reaper import ReaperSettings
+from rota.settings import BackoffSettings
+
+ISOLATIONS = ("thread", "process")
 
 
 def default_worker_id() -> str:
@@ -61,13 +65,31 @@ class WorkerSettings:
     reconnect_max_seconds: float = 10.0
     """Longest wait between reconnection attempts while the database is away."""
 
+    job_timeout_seconds: float | None = None
+    """Time limit of an attempt whose job and handler set none (None: no limit)."""
+
+    isolation: str = "thread"
+    """Where sync handlers run: "thread" (cheap; a stuck thread can only be abandoned)
+    or "process" (a child process per slot, killed when it outlives its attempt)."""
+
+    kill_grace_seconds: float = 5.0
+    """Process isolation: how long a stopped attempt's child may take to return
+    before it gets SIGTERM (then SIGKILL two seconds later)."""
+
+    handler_modules: Sequence[str] = ()
+    """Modules that register the handlers; child processes import them."""
+
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise InvalidInput("concurrency must be at least 1")
-        if self.lease_seconds < 1:
-            raise InvalidInput("lease must be at least 1 second")
-        if self.poll_interval_seconds <= 0 or self.grace_period_seconds < 0:
-            raise InvalidInput("poll interval must be > 0 and grace period >= 0")
+        limits.lease_seconds(self.lease_seconds, "--lease")
+        limits.interval_seconds(self.poll_interval_seconds, "--poll-interval")
+        limits.delay_seconds(self.grace_period_seconds, "--grace-period")
+        limits.delay_seconds(self.kill_grace_seconds, "kill grace period")
+        if self.job_timeout_seconds is not None:
+            limits.timeout_seconds(self.job_timeout_seconds, "--job-timeout")
+        if self.isolation not in ISOLATIONS:
+            raise InvalidInput(f"isolation must be thread or process, not {self.isolation!r}")
         if self.finish_batch_size < 1:
             raise InvalidInput("finish_batch_size must be at least 1")
 

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from rota import cron, sql
+from rota import cron, limits, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput
-from rota.settings import QueueSettings
 
 POLICIES = ("Allow", "Forbid")
 NOTIFY_CHANNEL = "rota_schedule"
-_MAX_PAYLOAD_BYTES = QueueSettings().max_payload_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +37,10 @@ class ScheduleSpec:
     concurrency_policy: str = "Allow"
     starting_deadline_seconds: int | None = None
     max_attempts: int | None = None
+    priority: int | None = None
+    """Priority of each slot's job (None: 0)."""
+    timeout_seconds: float | None = None
+    """Seconds each slot's job may run (None: the handler's or the worker's default)."""
 
 
 def validate(spec: ScheduleSpec) -> None:
@@ -49,7 +50,7 @@ def validate(spec: ScheduleSpec) -> None:
     if not isinstance(spec.job_type, str) or not spec.job_type.strip():
         raise InvalidInput("job type must be a non-empty string")
     cron.Schedule(spec.cron, spec.timezone)
-    _encoded_payload(spec.payload)
+    limits.encode_payload(spec.payload)
     if spec.concurrency_policy not in POLICIES:
         raise InvalidInput(
             f"concurrency policy must be Allow or Forbid, not {spec.concurrency_policy!r}"
@@ -57,6 +58,10 @@ def validate(spec: ScheduleSpec) -> None:
     _check_int("spread_seconds", spec.spread_seconds, minimum=0)
     _check_int("starting_deadline_seconds", spec.starting_deadline_seconds, minimum=1)
     _check_int("max_attempts", spec.max_attempts, minimum=1)
+    if spec.priority is not None:
+        limits.priority(spec.priority)
+    if spec.timeout_seconds is not None:
+        limits.timeout_seconds(spec.timeout_seconds, "timeout_seconds")
 
 
 def _check_int(name: str, value: int | None, minimum: int) -> None:
@@ -64,16 +69,6 @@ def _check_int(name: str, value: int | None, minimum: int) -> None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InvalidInput(f"{name} must be a whole number of at least {minimum}, not {value!r}")
-
-
-def _encoded_payload(payload: Any) -> str:
-    try:
-        encoded = json.dumps({} if payload is None else payload, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
-    if len(encoded.encode()) > _MAX_PAYLOAD_BYTES:
-        raise InvalidInput(f"payload is over the limit of {_MAX_PAYLOAD_BYTES} bytes of JSON")
-    return encoded
 
 
 def spread_offset(name: str, spread_seconds: int) -> int:
@@ -99,7 +94,7 @@ def upsert(
     not replayed); otherwise slots already due stay due.
     """
     validate(spec)
-    encoded = _encoded_payload(spec.payload)
+    encoded = limits.encode_payload(spec.payload)
     with connection(conn_or_dsn) as conn, conn.transaction():
         tick = _now(conn, now)
         params = {

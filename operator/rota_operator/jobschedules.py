@@ -1,6 +1,6 @@
 """A JobSchedule object and its rota.schedule row, in both directions.
 
-The spec becomes a `rota.schedules.ScheduleSpec` (validated by the core, so the
+The spec becomes a `rota.schedule_store.ScheduleSpec` (validated by the core, so the
 CLI and the operator accept exactly the same schedules); the row becomes the
 object's status. No kopf and no Kubernetes calls here: the handlers do the I/O.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rota import schedules as core
+from rota import schedule_store as core
 from rota.errors import InvalidInput
 from rota_operator.conditions import rfc3339, with_condition
 
@@ -46,6 +46,8 @@ def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.Schedule
         concurrency_policy=spec.get("concurrencyPolicy") or "Allow",
         starting_deadline_seconds=spec.get("startingDeadlineSeconds"),
         max_attempts=spec.get("maxAttempts"),
+        priority=spec.get("priority"),
+        timeout_seconds=spec.get("timeoutSeconds"),
     )
     core.validate(result)
     return result

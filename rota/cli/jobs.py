@@ -1,0 +1,128 @@
+"""`rota jobs ...` (list, show, cancel) and `rota dead ...` (the dead-letter list)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rota import control, lookup
+from rota.cli.common import UsageError, database_url, positive_int, print_json
+from rota.jobs import Job, Status
+
+
+def register(sub: Any) -> None:
+    jobs = sub.add_parser("jobs", help="list, show or cancel jobs").add_subparsers(
+        dest="jobs_command", metavar="COMMAND", required=True
+    )
+    p = jobs.add_parser("list", help="the newest jobs, filtered")
+    p.add_argument("--status")
+    p.add_argument("--type")
+    p.add_argument("--limit", type=positive_int, default=50)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_jobs_list)
+    p = jobs.add_parser("show", help="one job's whole row")
+    p.add_argument("id", type=_job_id)
+    p.set_defaults(func=cmd_jobs_show)
+    p = jobs.add_parser("cancel", help="cancel jobs: ready ones at once, running ones asked")
+    p.add_argument("ids", nargs="*", type=_job_id, metavar="ID")
+    p.add_argument("--type", help="every ready and running job of this type")
+    p.add_argument("--status", choices=[Status.READY, Status.RUNNING], help="with --type")
+    p.set_defaults(func=cmd_jobs_cancel)
+
+    dead = sub.add_parser("dead", help="the dead-letter list").add_subparsers(
+        dest="dead_command", metavar="COMMAND", required=True
+    )
+    p = dead.add_parser("list", help="jobs that used up their attempts")
+    p.add_argument("--type")
+    p.add_argument("--limit", type=positive_int, default=50)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_dead_list)
+    p = dead.add_parser("retry", help="dead jobs back to ready, with fresh attempts")
+    p.add_argument("ids", nargs="*", type=_job_id)
+    p.add_argument("--all", action="store_true", help="every dead job")
+    p.set_defaults(func=cmd_dead_retry)
+
+
+def _job_id(text: str) -> int:
+    try:
+        return positive_int(text)
+    except UsageError:
+        raise UsageError(f"not a job id: {text!r}") from None
+
+
+_COLUMNS = ["id", "type", "status", "priority", "attempts", "run_at", "locked_by", "last_error"]
+
+
+def _table(jobs: list[Job]) -> None:
+    if not jobs:
+        print("(no jobs)")
+        return
+    cells = [[_cell(getattr(job, c)) for c in _COLUMNS] for job in jobs]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(_COLUMNS)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(_COLUMNS, widths, strict=True)))
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat(timespec="seconds"))
+    text = str(value).splitlines()[0] if str(value) else ""
+    return text[:60]
+
+
+def _print(jobs: list[Job], as_json: bool) -> None:
+    print_json([j.to_row() for j in jobs]) if as_json else _table(jobs)
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    jobs = lookup.list_jobs(
+        database_url(), status=args.status, job_type=args.type, limit=args.limit
+    )
+    _print(jobs, args.json)
+    return 0
+
+
+def cmd_jobs_show(args: argparse.Namespace) -> int:
+    print_json(lookup.get_job(database_url(), args.id).to_row())
+    return 0
+
+
+def cmd_jobs_cancel(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.type):
+        raise UsageError("give job ids or --type (not both)")
+    if args.status and not args.type:
+        raise UsageError("--status goes with --type")
+    if args.ids:
+        result = control.cancel(database_url(), args.ids)
+    else:
+        status = Status(args.status) if args.status else None
+        result = control.cancel_matching(database_url(), args.type, status)
+    print(f"{len(result.ended)} job(s) cancelled" + (f": {result.ended}" if result.ended else ""))
+    if result.requested:
+        print(f"{len(result.requested)} running job(s) asked to stop: {result.requested}")
+    left = sorted(set(args.ids) - set(result.ended) - set(result.requested))
+    if left:
+        print(f"already ended (left alone): {left}")
+    return 0
+
+
+def cmd_dead_list(args: argparse.Namespace) -> int:
+    jobs = lookup.list_jobs(
+        database_url(), status=Status.DEAD, job_type=args.type, limit=args.limit
+    )
+    _print(jobs, args.json)
+    return 0
+
+
+def cmd_dead_retry(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.all):
+        raise UsageError("give job ids or --all (not both)")
+    revived = control.retry_dead(database_url(), args.ids, all_dead=args.all)
+    missing = sorted(set(args.ids) - set(revived))
+    print(f"{len(revived)} job(s) back to ready" + (f": {revived}" if revived else ""))
+    if missing:
+        print(f"not dead (left alone): {missing}")
+    return 0

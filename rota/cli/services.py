@@ -1,0 +1,73 @@
+"""`rota reaper`, `rota scheduler` and `rota archive`: one background service alone.
+
+Each runs its service through `rota.services.run_loop`, the same loop workers
+run it in; `--once` (and `rota archive`, always) runs passes until nothing is
+left for now, then exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from rota.archive import Archiver, ArchiveResult, ArchiveSettings
+from rota.cli.common import database_url, parse_duration
+from rota.migrate import require_current
+from rota.reaper import Reaper, ReaperSettings
+from rota.scheduler import Scheduler
+from rota.services import Service, run_loop
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("reaper", help="run only the reaper loop")
+    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.set_defaults(func=cmd_reaper)
+
+    p = sub.add_parser("scheduler", help="run only the scheduler loop")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.set_defaults(func=cmd_scheduler)
+
+    p = sub.add_parser("archive", help="move finished jobs to rota.job_archive")
+    p.add_argument("--older-than", help="retention of done jobs, e.g. 7d (default 7d)")
+    p.add_argument(
+        "--failed-older-than", help="retention of failed, dead and cancelled jobs (default 30d)"
+    )
+    p.set_defaults(func=cmd_archive)
+
+
+def _run(service: Service, once: bool) -> int:
+    dsn = database_url()
+    require_current(dsn)
+    stop = threading.Event()
+    if not once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    run_loop(service, dsn, stop, once=once)
+    return 0
+
+
+def cmd_reaper(args: argparse.Namespace) -> int:
+    return _run(Reaper(ReaperSettings(interval_seconds=args.interval)), args.once)
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    return _run(Scheduler(), args.once)
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    defaults = ArchiveSettings()
+    done = defaults.done_retention_seconds
+    if args.older_than is not None:
+        done = parse_duration(args.older_than, "--older-than")
+    failed = max(defaults.failed_retention_seconds, done)
+    if args.failed_older_than is not None:
+        failed = parse_duration(args.failed_older_than, "--failed-older-than")
+    settings = ArchiveSettings(done_retention_seconds=done, failed_retention_seconds=failed)
+    results = run_loop(Archiver(settings), database_url(), threading.Event(), once=True)
+    moved = [r for r in results if isinstance(r, ArchiveResult)]
+    total_done, total_failed = sum(r.done for r in moved), sum(r.failed for r in moved)
+    print(f"archived {total_done} done and {total_failed} failed/dead jobs")
+    return 0

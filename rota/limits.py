@@ -1,0 +1,74 @@
+"""The checks of every number and payload a user gives Rota, each in one place.
+
+The CLI, the operator, the Python API and the settings dataclasses all call
+these, so a lease, a delay or a payload is accepted or refused the same way
+wherever it comes from. Each raises `InvalidInput` with a one-line reason and
+returns the value as Rota stores it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rota.errors import InvalidInput
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+"""Largest JSON payload accepted by default, in bytes. Jobs carry references,
+not documents; large payloads bloat the table every claim walks."""
+
+MIN_LEASE_SECONDS = 1.0
+"""Shorter leases would need heartbeats faster than a busy database answers."""
+
+PRIORITIES = range(10)
+"""0 runs first, 9 last (the scale of Oban and of DESIGN.md)."""
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{what} must be a number, not {value!r}")
+    return float(value)
+
+
+def lease_seconds(value: Any, what: str = "lease") -> float:
+    seconds = _number(value, what)
+    if seconds < MIN_LEASE_SECONDS:
+        raise InvalidInput(f"{what} must be at least {MIN_LEASE_SECONDS:g} second, not {value!r}")
+    return seconds
+
+
+def interval_seconds(value: Any, what: str = "interval") -> float:
+    seconds = _number(value, what)
+    if seconds <= 0:
+        raise InvalidInput(f"{what} must be more than 0 seconds, not {value!r}")
+    return seconds
+
+
+def delay_seconds(value: Any, what: str = "delay") -> float:
+    seconds = _number(value, what)
+    if seconds < 0:
+        raise InvalidInput(f"{what} must not be negative: {value!r}")
+    return seconds
+
+
+def timeout_seconds(value: Any, what: str = "timeout") -> float:
+    return interval_seconds(value, what)
+
+
+def priority(value: Any, what: str = "priority") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
+        raise InvalidInput(f"{what} must be a whole number from 0 (first) to 9, not {value!r}")
+    return value
+
+
+def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
+    """The payload as compact JSON ({} for None), refused when too large."""
+    try:
+        encoded = json.dumps({} if payload is None else payload, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
+    size = len(encoded.encode())
+    if size > max_bytes:
+        raise InvalidInput(f"payload is {size} bytes, over the limit of {max_bytes} bytes")
+    return encoded

@@ -1,0 +1,43 @@
+"""Finding jobs: one job's whole row, or the newest jobs matching a filter.
+
+Read-only; every query walks an index, never the whole table.
+"""
+
+from __future__ import annotations
+
+from rota import sql
+from rota.db import ConnOrDsn, connection, fetch_all
+from rota.errors import InvalidInput, JobNotFound
+from rota.jobs import Job, Status
+
+
+def status_named(name: str) -> Status:
+    """The status called `name`; InvalidInput naming the valid ones otherwise."""
+    try:
+        return Status(name)
+    except ValueError:
+        valid = ", ".join(Status)
+        raise InvalidInput(f"unknown status {name!r} (one of: {valid})") from None
+
+
+def list_jobs(
+    conn_or_dsn: ConnOrDsn,
+    status: str | None = None,
+    job_type: str | None = None,
+    limit: int = 50,
+) -> list[Job]:
+    """The newest jobs first, of one status and type when given."""
+    checked = status_named(status) if status is not None else None
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(
+            conn, sql.query("list_jobs"), {"status": checked, "type": job_type, "limit": limit}
+        )
+    return [Job.from_row(row) for row in rows]
+
+
+def get_job(conn_or_dsn: ConnOrDsn, job_id: int) -> Job:
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("get_job"), {"id": job_id})
+    if not rows:
+        raise JobNotFound(f"no job with id {job_id}")
+    return Job.from_row(rows[0])

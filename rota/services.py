@@ -1,0 +1,125 @@
+"""Background services and the one loop that runs any of them.
+
+A service (the reaper, the scheduler, the archiver) is one module holding its
+documented settings dataclass, a `run_once(conn, now=None)` that does one pass
+and returns a typed result, and optionally a wake channel: a NOTIFY on it ends
+the wait before the next pass. `run_loop` is all the looping there is: the
+`rota reaper`, `rota scheduler` and `rota archive` commands call it, and so do
+workers, one thread per service. Tests call `run_once` with a frozen clock.
+Every service is safe to run in many processes at once (SKIP LOCKED, capped
+batches, idempotency keys), so a loop never coordinates with other loops.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Protocol
+
+from rota import db
+from rota.errors import RotaError
+
+log = logging.getLogger("rota.services")
+
+
+class Result(Protocol):
+    """What one pass of a service did."""
+
+    @property
+    def count(self) -> int:
+        """Things acted on; a pass that acted on nothing is not logged."""
+        ...
+
+    @property
+    def capped(self) -> bool:
+        """The pass stopped at its cap: more work is waiting, run again at once."""
+        ...
+
+
+class Service(abc.ABC):
+    name: str
+    """Shown in logs and in the application_name of the service's connection."""
+    wake_channel: str | None = None
+    """A NOTIFY channel that ends the wait before the next pass."""
+
+    @property
+    @abc.abstractmethod
+    def interval_seconds(self) -> float:
+        """The longest wait between passes, and the wait after a failed one."""
+
+    @abc.abstractmethod
+    def run_once(self, conn_or_dsn: db.ConnOrDsn, now: datetime | None = None) -> Result:
+        """One pass; `now` freezes the clock for tests (default: the database's)."""
+
+    def next_wait(self, conn: db.Conn) -> float:
+        """Seconds to wait before the next pass (a service may know it sooner)."""
+        return self.interval_seconds
+
+
+def run_loop(
+    service: Service, dsn: str, stop: threading.Event, *, once: bool = False
+) -> list[Result]:
+    """Run `service` until `stop` is set, logging what each pass did.
+
+    With `once`, run passes until one is not capped and return their results;
+    a failure then raises instead of being logged and retried.
+    """
+    results: list[Result] = []
+    conn: db.Conn | None = None
+    try:
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = _connect(service, dsn)
+                result = service.run_once(conn)
+                if once or result.count:
+                    log.info("%s: %s", service.name, result)
+                if once:
+                    results.append(result)
+                    if not result.capped:
+                        return results
+                elif not result.capped:
+                    _wait(service, conn, stop)
+            except RotaError as exc:
+                if once:
+                    raise
+                log.warning("%s failed: %s", service.name, exc)
+                if conn is not None and db.is_unavailable(exc):
+                    conn.close()
+                    conn = None
+                stop.wait(service.interval_seconds)
+    finally:
+        if conn is not None:
+            conn.close()
+    return results
+
+
+def start_thread(service: Service, dsn: str, stop: threading.Event) -> threading.Thread:
+    """`run_loop` in a daemon thread of its own, until `stop` is set."""
+    thread = threading.Thread(
+        target=run_loop, args=(service, dsn, stop), name=f"rota-{service.name}", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _connect(service: Service, dsn: str) -> db.Conn:
+    conn = db.connect(dsn, application_name=f"rota-{service.name}")
+    if service.wake_channel is not None:
+        db.listen(conn, service.wake_channel)
+    return conn
+
+
+def _wait(service: Service, conn: db.Conn, stop: threading.Event) -> None:
+    """Until the next pass is due, `stop` is set or the wake channel is notified."""
+    end = time.monotonic() + service.next_wait(conn)
+    if service.wake_channel is None:
+        stop.wait(max(0.0, end - time.monotonic()))
+        return
+    with db.errors_wrapped():
+        while not stop.is_set() and (left := end - time.monotonic()) > 0:
+            for _ in conn.notifies(timeout=min(left, 0.5), stop_after=1):
+                return

@@ -1,0 +1,81 @@
+-- Job control: retry, cancel, pause and resume. Every statement that makes
+-- jobs runnable wakes idle workers on channel rota_jobs.
+
+-- name: retry_jobs
+-- Bring ended jobs (dead, failed or cancelled) back to ready with a fresh set
+-- of attempts; the last error stays for the record.
+WITH revived AS (
+    UPDATE rota.job
+    SET status = 'ready',
+        run_at = coalesce(%(now)s::timestamptz, now()),
+        attempts = 0,
+        locked_until = NULL,
+        finished_at = NULL,
+        cancel_requested_at = NULL
+    WHERE status = ANY(%(statuses)s::text[]) AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
+    RETURNING id
+),
+woken AS (
+    SELECT pg_notify('rota_jobs', '') FROM revived LIMIT 1
+)
+SELECT id FROM revived LEFT JOIN woken ON true ORDER BY id
+
+-- name: existing_job_ids
+SELECT id FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: cancel_jobs
+-- A ready job ends cancelled at once; a running one gets a cancel request that
+-- its worker reads from its next heartbeat. The rows are locked first (not
+-- skipped), so a job being claimed right now is seen as the claim left it.
+WITH target AS (
+    SELECT id, status
+    FROM rota.job
+    WHERE status IN ('ready', 'running')
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(status)s::text IS NULL OR status = %(status)s::text)
+    FOR UPDATE
+),
+ended AS (
+    UPDATE rota.job AS j
+    SET status = 'cancelled',
+        cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        last_error = coalesce(j.last_error, 'Cancelled: before it started')
+    FROM target AS t
+    WHERE j.id = t.id AND t.status = 'ready'
+    RETURNING j.id
+),
+requested AS (
+    UPDATE rota.job AS j
+    SET cancel_requested_at = coalesce(j.cancel_requested_at,
+                                       coalesce(%(now)s::timestamptz, now()))
+    FROM target AS t
+    WHERE j.id = t.id AND t.status = 'running'
+    RETURNING j.id
+)
+SELECT id, true AS ended FROM ended
+UNION ALL
+SELECT id, false FROM requested
+ORDER BY id
+
+-- name: pause_types
+INSERT INTO rota.paused_type (type, paused_at)
+SELECT t, coalesce(%(now)s::timestamptz, now()) FROM unnest(%(types)s::text[]) AS t
+ON CONFLICT (type) DO NOTHING
+RETURNING type
+
+-- name: resume_types
+-- NULL types: resume everything (every type, and the pause of all types).
+WITH resumed AS (
+    DELETE FROM rota.paused_type
+    WHERE %(types)s::text[] IS NULL OR type = ANY(%(types)s::text[])
+    RETURNING type
+),
+woken AS (
+    SELECT pg_notify('rota_jobs', '') FROM resumed LIMIT 1
+)
+SELECT type FROM resumed LEFT JOIN woken ON true ORDER BY type
+
+-- name: paused_types
+SELECT type, paused_at FROM rota.paused_type ORDER BY type

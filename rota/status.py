@@ -1,0 +1,256 @@
+"""How the queue is doing: typed measures per job type, and what deserves attention.
+
+`read_status` is the one reader of the database measures: `rota status`, the
+demo and the Prometheus collector all show what it returns, so what a person
+reads in a terminal and what an alert fires on never disagree. Its queries read
+partial indexes and small side tables, never every row of ``rota.job``.
+This module only reads; it never changes a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from rota import sql
+from rota.db import ConnOrDsn, connection, fetch_all
+from rota.jobs import Status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TypeStatus:
+    """The measures of one job type."""
+
+    ready: int = 0
+    """Jobs waiting to run, due or not."""
+    due: int = 0
+    """Ready jobs whose run_at has come."""
+    oldest_ready_age_seconds: float = 0.0
+    """Seconds the oldest due job has waited past its run_at (0 if none)."""
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+
+    def count(self, status: Status) -> int:
+        value: int = getattr(self, status.value)
+        return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HourCount:
+    hour: datetime
+    count: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseExpirations:
+    """Leases the reaper found expired, counted per UTC hour."""
+
+    total: int
+    current_hour: int
+    previous_hour: int
+    last_24h: int
+    by_hour: tuple[HourCount, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleStatus:
+    name: str
+    job_type: str
+    suspend: bool
+    missed_slots: int
+    skipped_slots: int
+    next_run_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """Everything `rota status` shows, read at one instant of the database clock."""
+
+    now: datetime
+    types: dict[str, TypeStatus]
+    lease_expirations: LeaseExpirations
+    schedules: tuple[ScheduleStatus, ...] = ()
+
+    @property
+    def dead_jobs(self) -> int:
+        return sum(t.dead for t in self.types.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data, as `rota status --json` prints it (instants as ISO-8601)."""
+        data = _plain(dataclasses.asdict(self))
+        data["dead_jobs"] = self.dead_jobs
+        return data
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueAge:
+    """How far behind the queue is for some job types (the autoscaler's input)."""
+
+    oldest_ready_age_seconds: float
+    """Seconds since the oldest job that could run now became runnable (0 if none)."""
+    ready_jobs: int
+    """Jobs that could run now (status ready, run_at <= now)."""
+    running_jobs: int = 0
+    """Jobs being run now (status running)."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueStatus:
+    """The database measures; `now` freezes the clock for tests (default: the database's)."""
+    params = {"now": now}
+    with connection(conn_or_dsn) as conn:
+        counts = fetch_all(conn, sql.query("metrics_job_counts"), params)
+        leases = fetch_all(conn, sql.query("metrics_lease_expirations"), params)[0]
+        by_hour = fetch_all(conn, sql.query("metrics_lease_expirations_by_hour"), params)
+        schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
+    return QueueStatus(
+        now=leases["now"],
+        types=_types(counts),
+        lease_expirations=LeaseExpirations(
+            total=int(leases["total"]),
+            current_hour=int(leases["current_hour"]),
+            previous_hour=int(leases["previous_hour"]),
+            last_24h=int(leases["last_24h"]),
+            by_hour=tuple(HourCount(r["hour"], int(r["count"])) for r in by_hour),
+        ),
+        schedules=tuple(ScheduleStatus(**row) for row in schedules),
+    )
+
+
+def _types(rows: Iterable[dict[str, Any]]) -> dict[str, TypeStatus]:
+    measures: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        fields = measures.setdefault(row["type"], {})
+        fields[row["status"]] = int(row["jobs"])
+        if row["status"] == Status.READY:
+            fields["due"] = int(row["due"])
+            fields["oldest_ready_age_seconds"] = max(0.0, float(row["oldest_ready_age_seconds"]))
+    return {t: TypeStatus(**fields) for t, fields in sorted(measures.items())}
+
+
+def queue_age(
+    conn_or_dsn: ConnOrDsn, types: Sequence[str] | None = None, now: datetime | None = None
+) -> QueueAge:
+    """Age of the oldest due job of `types` (or any), with ready and running counts."""
+    with connection(conn_or_dsn) as conn:
+        row = fetch_all(
+            conn,
+            sql.query("queue_age"),
+            {"types": list(types) if types is not None else None, "now": now},
+        )[0]
+    return QueueAge(
+        max(float(row["oldest_ready_age_seconds"]), 0.0),
+        int(row["ready_jobs"]),
+        int(row["running_jobs"]),
+    )
+
+
+# -- what deserves attention, and how it reads in a terminal -------------------------
+
+
+def warnings(status: QueueStatus, max_age_seconds: float, max_lease_expirations: int) -> list[str]:
+    """What deserves a person's attention in these measures, one sentence each."""
+    found = []
+    for job_type, measures in status.types.items():
+        age = measures.oldest_ready_age_seconds
+        if age > max_age_seconds:
+            found.append(
+                f"{job_type}: the oldest ready job has waited {format_age(age)}"
+                f" (more than {format_age(max_age_seconds)}): too few workers?"
+            )
+    leases = status.lease_expirations
+    worst = max(leases.current_hour, leases.previous_hour)
+    if worst >= max_lease_expirations:
+        found.append(
+            f"{worst} leases expired within one hour (threshold {max_lease_expirations}):"
+            " workers are dying or handlers outlive their lease"
+        )
+    if status.dead_jobs:
+        found.append(
+            f"{status.dead_jobs} dead job(s): `rota dead list` shows them,"
+            " `rota dead retry` runs them again"
+        )
+    return found
+
+
+def format_age(seconds: float) -> str:
+    """1h02m, 4m05s, 12s: short enough for a table column."""
+    whole = int(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    if whole >= 60:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{seconds:.0f}s"
+
+
+_COLUMNS = ("TYPE", "READY", "DUE", "OLDEST READY", "RUNNING", "DONE", "FAILED", "DEAD")
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    return "".join(line.rstrip() + "\n" for line in lines)
+
+
+def _type_rows(status: QueueStatus) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    for job_type, m in status.types.items():
+        rows.append(
+            (
+                job_type,
+                str(m.ready),
+                str(m.due),
+                format_age(m.oldest_ready_age_seconds) if m.due else "-",
+                str(m.running),
+                str(m.done),
+                str(m.failed),
+                str(m.dead),
+            )
+        )
+    return rows
+
+
+def _schedule_rows(status: QueueStatus) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("SCHEDULE", "TYPE", "MISSED", "SKIPPED", "NEXT RUN")]
+    for s in status.schedules:
+        next_run = "suspended" if s.suspend else s.next_run_at.isoformat(timespec="seconds")
+        rows.append((s.name, s.job_type, str(s.missed_slots), str(s.skipped_slots), next_run))
+    return rows
+
+
+def render(status: QueueStatus, found: Sequence[str] = ()) -> str:
+    """The status as text: a table per type, lease expirations, schedules, warnings."""
+    parts = [f"Rota status at {status.now.isoformat()}\n\n"]
+    parts.append(_table(_type_rows(status)) if status.types else "No jobs.\n")
+    leases = status.lease_expirations
+    parts.append(
+        f"\nLease expirations: {leases.current_hour} this hour, "
+        f"{leases.previous_hour} the hour before, {leases.last_24h} in 24 h, "
+        f"{leases.total} in all\n"
+    )
+    if status.schedules:
+        parts.append("\n" + _table(_schedule_rows(status)))
+    parts.append(
+        "\nWarnings:\n" + "".join(f"  ! {w}\n" for w in found) if found else "\nNo warnings.\n"
+    )
+    return "".join(parts)

@@ -1,0 +1,166 @@
+"""The worker's parts in-process, against a real database: the outcome buffer,
+the lease keeper, and the bookkeeping of a job claimed again while an earlier
+attempt of it still runs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+from rota import claim as claims
+from rota.claim import Attempt
+from rota.handlers import Handler
+from rota.jobs import Job, Outcome
+from rota.reaper import Reaper
+from rota_worker.execute import Execution, Stop
+from rota_worker.leases import LeaseKeeper
+from rota_worker.link import Link
+from rota_worker.outcomes import OutcomeBuffer
+from rota_worker.settings import WorkerSettings
+from rota_worker.worker import Worker
+
+
+@pytest.fixture
+def io() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(2)
+    yield pool
+    pool.shutdown(wait=True)
+
+
+def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    found = conn.execute("SELECT * FROM rota.job WHERE id = %s", (job_id,)).fetchone()
+    assert found is not None
+    return dict(found)
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_url, io) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
+    jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}
+    conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (ids[2],))
+    with psycopg.connect(db_url, autocommit=True) as own:
+        assert rota.complete(own, jobs[ids[3]])  # done in the handler's own transaction
+    settled: list[Attempt] = []
+    buffer = OutcomeBuffer("w", batch_size=3, settled=settled.append)
+    outcomes = [Outcome.DONE, Outcome.RETRY, Outcome.DONE, Outcome.DONE]
+    for job_id, outcome in zip(ids, outcomes, strict=True):
+        buffer.add(Attempt(job_id, 1, outcome, delay=60, error="boom", type="t"))
+
+    async def flush_all() -> None:
+        link = Link(db_url, "flush", io)
+        try:
+            while buffer.pending:
+                await buffer.flush(link)
+        finally:
+            link.close()
+
+    asyncio.run(flush_all())
+    assert [a.job_id for a in settled] == ids  # every attempt accounted for, in order
+    assert buffer.written == 4
+    statuses = [row(conn, i)["status"] for i in ids]
+    assert statuses == ["done", "ready", "running", "done"]  # the stolen one untouched
+    assert row(conn, ids[2])["locked_by"] == "thief"
+
+
+def test_the_keeper_extends_held_leases_and_stops_lost_and_cancelled_ones(conn, db_url, io) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
+    jobs = claims.claim(conn, "w", 10, 30)
+    conn.execute("UPDATE rota.job SET locked_until = now() + interval '1 second'")
+    keeper = LeaseKeeper("w", lease_seconds=600)
+
+    async def scenario() -> dict[int, Execution]:
+        executions = {}
+        for job in jobs:
+            execution = Execution(job)
+            execution.task = asyncio.create_task(asyncio.sleep(3600))
+            keeper.hold(execution)
+            executions[job.id] = execution
+        conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (ids[1],))
+        rota.cancel(conn, [ids[2]])
+        link = Link(db_url, "heartbeat", io)
+        try:
+            await keeper.beat(link)
+        finally:
+            link.close()
+        await asyncio.gather(
+            *(e.task for e in executions.values() if e.task), return_exceptions=True
+        )
+        return executions
+
+    executions = asyncio.run(scenario())
+    assert [executions[i].stopped for i in ids] == [None, Stop.LEASE_LOST, Stop.CANCEL]
+    assert executions[ids[1]].job.cancelled.is_set()
+    assert row(conn, ids[0])["locked_until"] > row(conn, ids[0])["started_at"] + _seconds(500)
+    assert len(keeper) == 3  # held until their outcomes are settled
+
+
+def _seconds(n: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=n)
+
+
+def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn, db_url) -> None:
+    """The sequence that once let a third run overlap the second: one worker, its
+    attempt 1 reaped while still running, the same worker claims attempt 2."""
+    job_id = rota.enqueue(conn, "sticky")
+    release = {1: threading.Event(), 2: threading.Event()}
+    started: list[int] = []
+
+    def sticky(job: Job) -> None:
+        started.append(job.attempts)
+        release[job.attempts].wait(60)  # ignores job.cancelled on purpose
+
+    handler = Handler("sticky", sticky, is_async=False, wants_context=False)
+    settings = WorkerSettings(
+        concurrency=1, lease_seconds=3, run_reaper=False, run_scheduler=False,
+        poll_interval_seconds=0.2,
+    )  # fmt: skip
+    worker = Worker(db_url, settings, handlers={"sticky": handler})
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: started == [1], "attempt 1 to start")
+        conn.execute("UPDATE rota.job SET locked_until = now() - interval '1 second'")
+        assert Reaper().run_once(conn).requeued == [job_id]
+        # The heartbeat finds attempt 1's lease gone and stops it; the slot is free
+        # again, and the same worker claims attempt 2.
+        wait_until(lambda: started == [1, 2], "attempt 2 to start in the same worker")
+        assert row(conn, job_id)["locked_by"] == worker.worker_id
+        release[1].set()  # attempt 1's thread returns late: it must not disturb attempt 2
+        seen: list[Any] = []
+
+        def renewed_twice() -> bool:
+            until = row(conn, job_id)["locked_until"]
+            if not seen or until > seen[-1]:
+                seen.append(until)
+            return len(seen) >= 3
+
+        wait_until(renewed_twice, "attempt 2's lease to be renewed twice")
+        assert [e.key for e in worker.leases.running] == [(job_id, 2)]
+        release[2].set()
+        wait_until(lambda: row(conn, job_id)["status"] == "done", "the job to be done")
+        assert (row(conn, job_id)["attempts"], started) == (2, [1, 2])
+    finally:
+        release[1].set()
+        release[2].set()
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()

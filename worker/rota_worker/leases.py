@@ -1,0 +1,70 @@
+"""The lease keeper: which attempts this worker holds, and their heartbeats.
+
+An attempt is held from its claim until its outcome is written (or known to be
+lost), keyed by (job id, attempt) so that a job claimed again while an earlier
+attempt of it still runs is never confused with it. One heartbeat statement
+every lease/3 extends every held lease and brings back the cancel requests; an
+attempt whose lease is gone, or whose job somebody asked to cancel, is stopped
+at once, so its slot is freed and a late finish can never overlap a rerun.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rota import claim as claims
+from rota.errors import DatabaseUnavailable
+from rota_worker.execute import Execution, Stop
+from rota_worker.link import Link
+
+log = logging.getLogger("rota.worker")
+
+Key = tuple[int, int]
+
+
+class LeaseKeeper:
+    def __init__(self, worker_id: str, lease_seconds: float) -> None:
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self._held: dict[Key, Execution] = {}
+
+    def hold(self, execution: Execution) -> None:
+        self._held[execution.key] = execution
+
+    def drop(self, key: Key) -> Execution | None:
+        return self._held.pop(key, None)
+
+    def get(self, key: Key) -> Execution | None:
+        return self._held.get(key)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def running(self) -> list[Execution]:
+        """Held attempts whose handler has not ended yet."""
+        return [e for e in self._held.values() if e.task is not None and not e.task.done()]
+
+    async def beat(self, link: Link) -> None:
+        """Extend every held lease once; stop attempts that lost theirs or were cancelled."""
+        held = list(self._held)
+        if not held:
+            return
+        try:
+            leases = await link.run(claims.extend_leases, self.worker_id, held, self.lease_seconds)
+        except DatabaseUnavailable as exc:
+            log.warning("heartbeat failed (%s); leases run on until the next one", exc)
+            return
+        kept = {(lease.job_id, lease.attempts): lease for lease in leases}
+        for key in held:
+            execution = self._held.get(key)
+            if execution is None:
+                continue
+            lease = kept.get(key)
+            if lease is None:
+                if execution.task is not None and not execution.task.done():
+                    log.warning("job %s attempt %s: lease lost; stopping it", *key)
+                execution.stop(Stop.LEASE_LOST)
+            elif lease.cancel_requested:
+                log.info("job %s: cancel requested; stopping attempt %s", *key)
+                execution.stop(Stop.CANCEL)
