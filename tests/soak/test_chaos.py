@@ -32,7 +32,7 @@ import psycopg
 import pytest
 
 import rota
-from rota import schedules
+from rota import schedule_store
 from rota.errors import DatabaseUnavailable
 from tests.acceptance.procs import wait_for
 from tests.pgcluster import CrashSafePostgres
@@ -292,7 +292,9 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
     batches = [plan.jobs // (len(plan.actions) + 1)] * (len(plan.actions) + 1)
     batches[0] += plan.jobs - sum(batches)
     soak.enqueue(batches.pop(0))
-    tick = schedules.upsert(soak.url, schedules.ScheduleSpec(TICK, TYPE, "* * * * *", payload={}))
+    tick = schedule_store.upsert(
+        soak.url, schedule_store.ScheduleSpec(TICK, TYPE, "* * * * *", payload={})
+    )
     soak.query(
         "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now()) - interval '1 minute'"
         " WHERE id = %s",

@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import generate_latest
 
 import rota
-from rota import schedules
+from rota import schedule_store
 from rota.metrics import DatabaseCollector
 from rota.testing import EmbeddedPostgres
 from tests.acceptance.procs import wait_for
@@ -56,7 +56,7 @@ def multi_host_url(*servers: EmbeddedPostgres) -> str:
 
 def due_schedule(url: str, name: str) -> int:
     """A schedule of `PROBE` jobs every minute, its latest slot due now; returns its id."""
-    row = schedules.upsert(url, schedules.ScheduleSpec(name, PROBE, "* * * * *"))
+    row = schedule_store.upsert(url, schedule_store.ScheduleSpec(name, PROBE, "* * * * *"))
     scalar(
         url,
         "UPDATE rota.schedule SET next_run_at = date_trunc('minute', now()) - interval '1 minute'"
@@ -203,7 +203,7 @@ def test_workers_scheduler_and_operator_carry_on_after_the_standby_is_promoted(
             raise AssertionError(f"want {done} done, scraped {lines}") from None
         status = DatabaseCollector(url, cache_seconds=0).status()
         assert status is not None
-        assert status["types"][TYPE]["done"] == scalar(url, count_done)
+        assert status.types[TYPE].done == scalar(url, count_done)
         assert all(w.alive() for w in workers)
         assert len(fleet.alive("scheduler")) == len(fleet.alive("reaper")) == 1
     finally:

@@ -2,7 +2,7 @@
 
 `rota worker` waits for its database (tests/acceptance/test_outage.py); the
 standalone services check the schema once at start (`require_current` in
-rota/cli/processes.py) and exit 1 on "database unavailable", so a reaper or
+rota/cli/services.py) and exit 1 on "database unavailable", so a reaper or
 scheduler that starts during an outage, or slowly enough to meet a restart,
 is gone until something starts it again. The chaos soak met this; these tests
 say what is expected and fail until the services wait like the worker does.
