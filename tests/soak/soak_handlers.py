@@ -2,8 +2,9 @@
 
 `soak.effect` makes its effect exactly once: the effect row and the job's
 completion commit in one transaction of the handler's own (`rota.complete`).
-A late finisher (its lease taken away while it ran) has its completion refused,
-rolls its effect back, and leaves a note in `soak_refused` instead.
+A late finisher (its lease taken away while it ran, its timeout passed, or its
+job cancelled) has its completion refused, rolls its effect back, and leaves a
+note in `soak_refused` instead.
 
 `failover.run` has no transaction to protect it: it appends one line per run to
 the file named by ROTA_RUNS_LOG, which survives a database failover, so the
@@ -41,7 +42,11 @@ def _connection() -> psycopg.Connection[tuple[object, ...]]:
 
 @rota.handler("soak.effect")
 def effect_once(job: rota.Job) -> None:
-    time.sleep(float((job.payload or {}).get("ms", 0)) / 1000)
+    payload = job.payload or {}
+    # "first_ms": the first attempt outlives its timeout and, like a handler that
+    # never looks at job.cancelled, tries to complete anyway.
+    ms = payload.get("first_ms", 0) if job.attempts == 1 else 0
+    time.sleep(float(ms or payload.get("ms", 0)) / 1000)
     conn = _connection()
     try:
         with conn.transaction():

@@ -5,10 +5,11 @@ effect row and completes its job in one transaction of its own. Meanwhile a
 chaos loop, bounded in actions and in time, SIGKILLs workers and starts new
 ones, SIGSTOPs a worker until every lease it held has been reaped and then
 resumes it (a late finisher, whose completions must be refused), restarts
-PostgreSQL (fast and immediate), and kills reapers and schedulers, several of
-which run at once. At the end: every job done, nothing running, exactly one
-effect per job and only from the attempt that holds the row, lease expirations
-counted.
+PostgreSQL (fast and immediate), kills reapers and schedulers (several of each
+run at once), and cancels ready and running jobs; one job in 100 has a first
+attempt that outlives its timeout. At the end: every job done or cancelled,
+nothing running, exactly one effect per done job and none for a cancelled one,
+each written by the attempt that holds the row, lease expirations counted.
 
 `make test` runs the short plan; `make soak` runs the long one (ROTA_SOAK=full;
 ROTA_SOAK_SEED replays a run).
@@ -32,7 +33,7 @@ import psycopg
 import pytest
 
 import rota
-from rota import schedule_store
+from rota import control, schedule_store
 from rota.errors import DatabaseUnavailable
 from tests.acceptance.procs import wait_for
 from tests.pgcluster import CrashSafePostgres
@@ -40,7 +41,11 @@ from tests.soak.harness import Fleet, Proc
 
 TYPE = "soak.effect"
 TICK = "soak/tick"
-ACTIONS = ("kill", "stop", "restart-fast", "restart-immediate", "kill-service")
+ACTIONS = ("kill", "stop", "restart-fast", "restart-immediate", "kill-service", "cancel")
+TIMEOUT_EVERY = 100
+"""One job in this many has a 1 s timeout that its first attempt outlives."""
+CANCEL_COUNT = 20
+"""Jobs a cancel action cancels, ready and running ones alike."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,8 @@ class Plan:
     lease: float
     actions: tuple[str, ...]
     seconds: float
-    """The chaos loop ends after this long even with actions left."""
+    """The chaos loop ends after this long even with actions left (the short plan
+    then fails: all its actions must have happened)."""
     drain_seconds: float
     """Deadline for the last jobs once the chaos is over."""
     handler_ms: int
@@ -61,7 +67,7 @@ class Plan:
 def plan_from_env(rng: random.Random) -> Plan:
     if os.environ.get("ROTA_SOAK") == "full":
         weights = {"kill": 4, "stop": 2, "restart-fast": 1, "restart-immediate": 1}
-        weights["kill-service"] = 1
+        weights.update({"kill-service": 1, "cancel": 1})
         drawn = rng.choices(list(weights), list(weights.values()), k=36)
         return Plan(
             jobs=int(os.environ.get("ROTA_SOAK_JOBS", "20000")),
@@ -78,8 +84,16 @@ def plan_from_env(rng: random.Random) -> Plan:
         workers=3,
         concurrency=5,
         lease=3,
-        actions=("kill", "stop", "restart-fast", "kill", "kill-service", "restart-immediate"),
-        seconds=35,
+        actions=(
+            "kill",
+            "stop",
+            "restart-fast",
+            "cancel",
+            "kill",
+            "kill-service",
+            "restart-immediate",
+        ),
+        seconds=120,
         drain_seconds=120,
         handler_ms=10,
     )
@@ -119,9 +133,10 @@ class Soak:
         self.seed = seed
         self.enqueued: list[int] = []
         self.figures: Counter[str] = Counter(
-            dict.fromkeys(("kills", "stops", "restarts", "service_kills"), 0)
+            dict.fromkeys(("kills", "stops", "restarts", "service_kills", "cancels"), 0)
         )
         self.figures["services_exited_at_start"] = 0
+        self.action_seconds: list[tuple[str, float]] = []
         self.late: list[tuple[int, str, int]] = []
         """(job id, worker id, attempt) held by a worker when it was stopped."""
 
@@ -136,10 +151,14 @@ class Soak:
         return int(value) if isinstance(value, Decimal) else value
 
     def enqueue(self, count: int) -> None:
-        jobs = [
-            rota.NewJob(TYPE, {"ms": self.rng.randint(0, self.plan.handler_ms)}, max_attempts=100)
-            for _ in range(count)
-        ]
+        jobs = []
+        for n in range(count):
+            payload = {"ms": self.rng.randint(0, self.plan.handler_ms)}
+            timeout = None
+            if (len(self.enqueued) + n) % TIMEOUT_EVERY == 0:
+                payload["first_ms"] = 1500
+                timeout = 1.0
+            jobs.append(rota.NewJob(TYPE, payload, max_attempts=100, timeout=timeout))
 
         def attempt() -> bool:
             try:
@@ -210,6 +229,22 @@ class Soak:
             victim.kill()
             self.start_service(victim.name)
             self.figures["service_kills"] += 1
+        elif action == "cancel":
+            ids = [
+                row[0]
+                for status in ("ready", "running")
+                for row in self.query(
+                    "SELECT id FROM rota.job WHERE type = %s AND status = %s"
+                    " ORDER BY random() LIMIT %s",
+                    TYPE,
+                    status,
+                    CANCEL_COUNT // 2,
+                )
+            ]
+            result = control.cancel(self.url, ids)
+            self.figures["cancels"] += 1
+            self.figures["cancelled_ready"] += len(result.ended)
+            self.figures["cancel_requested_running"] += len(result.requested)
         else:  # pragma: no cover - a typo in a plan
             raise ValueError(action)
 
@@ -302,21 +337,30 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
     )
     for _ in range(plan.workers):
         soak.start_worker()
-    for name in ("reaper", "reaper", "scheduler", "scheduler"):
+    # Beside the reaper and the scheduler inside every worker, one of each alone.
+    for name in ("reaper", "scheduler"):
         soak.start_service(name)
+    wait_for(
+        lambda: soak.scalar("SELECT count(*) FROM rota.job WHERE status = 'done'"),
+        timeout=120,
+        what="the first job done",
+    )
+    chaos_began = time.monotonic()
 
     # The chaos loop: one batch of fresh work, then one action, until the plan
     # or the time runs out; whatever work is left is enqueued anyway.
     for action in plan.actions:
-        if time.monotonic() - began > plan.seconds:
+        if time.monotonic() - chaos_began > plan.seconds:
             break
         soak.supervise()
         soak.enqueue(batches.pop(0))
+        acted = time.monotonic()
         soak.act(action)
+        soak.action_seconds.append((action, round(time.monotonic() - acted, 1)))
         soak.figures["actions"] += 1
     while batches:
         soak.enqueue(batches.pop(0))
-    chaos_seconds = time.monotonic() - began
+    chaos_seconds = time.monotonic() - chaos_began
 
     def ticked() -> bool:
         return bool(soak.scalar("SELECT count(*) FROM rota.job WHERE schedule_id = %s", tick["id"]))
@@ -351,16 +395,22 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
     figures.update(
         seed=seed,
         seconds=round(time.monotonic() - began, 1),
+        startup_seconds=round(chaos_began - began, 1),
         chaos_seconds=round(chaos_seconds, 1),
+        action_seconds=soak.action_seconds,
         **soak.figures,
     )
     print("\nchaos soak:", json.dumps(figures))
     (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
 
+    assert figures["actions"] == len(plan.actions) or os.environ.get("ROTA_SOAK") == "full"
     assert figures["jobs"] == plan.jobs
-    assert figures["lost"] == 0, "jobs not done"
+    assert figures["lost"] == 0, "jobs neither done nor cancelled"
     assert figures["duplicates"] == 0, "jobs with more than one effect"
-    assert figures["without_effect"] == 0
+    assert figures["without_effect"] == 0, "done jobs without their effect"
+    assert figures["cancelled_with_effect"] == 0
+    # A first attempt that outlived its timeout went on to complete: refused.
+    assert figures["timeout_jobs"] == 0 or figures["timeouts_refused"] >= 1
     assert figures["foreign_effects"] == 0, "effects not written by the attempt that holds the row"
     assert figures["late_effects"] == 0, "effects written by a late finisher"
     assert figures["running"] == 0
@@ -380,7 +430,22 @@ def measure(soak: Soak) -> dict[str, Any]:
     return {
         "jobs": one("SELECT count(*) FROM rota.job WHERE id = ANY(%s) AND type = %s", ids, TYPE),
         "lost": len(ids)
-        - one("SELECT count(*) FROM rota.job WHERE id = ANY(%s) AND status = 'done'", ids),
+        - one(
+            "SELECT count(*) FROM rota.job WHERE id = ANY(%s) AND status IN ('done', 'cancelled')",
+            ids,
+        ),
+        "cancelled": one("SELECT count(*) FROM rota.job WHERE status = 'cancelled'"),
+        "cancelled_with_effect": one(
+            "SELECT count(*) FROM rota.job j WHERE j.status = 'cancelled'"
+            " AND EXISTS (SELECT 1 FROM soak_effect e WHERE e.job_id = j.id)"
+        ),
+        "timeout_jobs": one(
+            "SELECT count(*) FROM rota.job WHERE id = ANY(%s) AND timeout_seconds IS NOT NULL", ids
+        ),
+        "timeouts_refused": one(
+            "SELECT count(DISTINCT r.job_id) FROM soak_refused r JOIN rota.job j ON j.id = r.job_id"
+            " WHERE j.timeout_seconds IS NOT NULL AND r.attempt = 1"
+        ),
         "running": one("SELECT count(*) FROM rota.job WHERE status = 'running'"),
         "ticks": one(
             "SELECT count(*) FROM rota.job j JOIN rota.schedule s ON s.id = j.schedule_id"
@@ -402,7 +467,7 @@ def measure(soak: Soak) -> dict[str, Any]:
         "effects": one("SELECT count(*) FROM soak_effect"),
         "duplicates": one("SELECT count(*) - count(DISTINCT job_id) FROM soak_effect"),
         "without_effect": one(
-            "SELECT count(*) FROM rota.job j WHERE j.type = %s"
+            "SELECT count(*) FROM rota.job j WHERE j.type = %s AND j.status = 'done'"
             " AND NOT EXISTS (SELECT 1 FROM soak_effect e WHERE e.job_id = j.id)",
             TYPE,
         ),
@@ -428,7 +493,8 @@ def measure(soak: Soak) -> dict[str, Any]:
         "refused": one("SELECT count(*) FROM soak_refused"),
         "reruns": one("SELECT count(*) FROM rota.job WHERE type = %s AND attempts > 1", TYPE),
         "extra_attempts": one(
-            "SELECT coalesce(sum(attempts - 1), 0) FROM rota.job WHERE type = %s", TYPE
+            "SELECT coalesce(sum(greatest(attempts - 1, 0)), 0) FROM rota.job WHERE type = %s",
+            TYPE,
         ),
         "lease_expirations": one("SELECT coalesce(sum(count), 0) FROM rota.lease_expiration"),
     }
