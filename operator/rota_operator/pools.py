@@ -67,6 +67,8 @@ class PoolState:
 
     memory: ScaleMemory = field(default_factory=ScaleMemory)
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    paused: tuple[str, ...] = ()
+    """The paused types last reported, so that a pause is an Event once."""
 
 
 def poll_once(
@@ -125,11 +127,17 @@ def _reconcile(
         logger.info("WorkerPool %s/%s: %s", ref.namespace, ref.name, decision.message)
         status["lastScaleTime"] = now_rfc3339()
     metrics.record_replicas(f"{ref.namespace}/{ref.name}", decision.desired, replicas.status)
-    state.conditions = with_condition(
-        state.conditions, "Ready", True, decision.reason, decision.message
-    )
+    message = decision.message
+    if age.paused_types:
+        paused = ", ".join(age.paused_types)
+        message += f"; paused types (not scaled for): {paused}"
+        if tuple(age.paused_types) != state.paused:
+            kube.post_event(ref, "Normal", "Paused", f"jobs of {paused} are paused: not scaled for")
+    state.paused = tuple(age.paused_types)
+    state.conditions = with_condition(state.conditions, "Ready", True, decision.reason, message)
     return {
         **status,
+        "pausedTypes": list(age.paused_types),
         "currentReplicas": replicas.status,
         "desiredReplicas": decision.desired,
         "oldestReadyAgeSeconds": round(sample.oldest_ready_age_seconds, 3),
