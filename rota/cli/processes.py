@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -68,7 +69,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     sys.path.insert(0, ".")
     load_handlers(args.handlers)
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
-    if args.lease <= 0 or args.grace_period < 0 or args.poll_interval <= 0:
+    if not (0 < args.lease < math.inf and 0 <= args.grace_period < math.inf) or not (
+        0 < args.poll_interval < math.inf
+    ):  # written so that nan is refused too
         raise UsageError("--lease and --poll-interval must be > 0, --grace-period >= 0")
     settings = WorkerSettings(
         concurrency=args.concurrency,
@@ -114,7 +117,7 @@ def cmd_reaper(args: argparse.Namespace) -> int:
     from rota.reaper import Reaper
     from rota.settings import ReaperSettings
 
-    if args.interval <= 0:
+    if not 0 < args.interval < math.inf:  # nan too
         raise UsageError("--interval must be > 0")
     return _loop(Reaper(ReaperSettings(interval_seconds=args.interval)), args.once)
 
