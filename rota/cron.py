@@ -183,7 +183,7 @@ def _which_field(fields: list[str], exc: Exception) -> str:
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone of that name; raise `InvalidInput` for an unknown one."""
     try:
-        if not name or name != name.strip():
+        if not isinstance(name, str) or not name or name != name.strip():
             raise ValueError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):

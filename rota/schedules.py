@@ -68,7 +68,9 @@ def _check_int(name: str, value: int | None, minimum: int) -> None:
 
 def _encoded_payload(payload: Any) -> str:
     try:
-        encoded = json.dumps({} if payload is None else payload, separators=(",", ":"))
+        encoded = json.dumps(
+            {} if payload is None else payload, separators=(",", ":"), allow_nan=False
+        )
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
     if len(encoded.encode()) > _MAX_PAYLOAD_BYTES:
