@@ -10,6 +10,7 @@ and the next poll tries again.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,9 +57,10 @@ class PoolSpec:
         )
         types = values.get("jobTypes")
         target = (values.get("scaleTargetRef") or {}).get("name") or ""
-        return cls(
-            target, list(types) if types else None, limits, float(values["pollIntervalSeconds"])
-        )
+        poll = float(values["pollIntervalSeconds"])
+        if not 0 < poll < math.inf:  # nan too: the pool's loop sleeps this long
+            raise ValueError(f"pollIntervalSeconds must be a positive number, not {poll!r}")
+        return cls(target, list(types) if types else None, limits, poll)
 
 
 @dataclass
@@ -83,7 +85,7 @@ def poll_once(
     """Measure, decide, scale and write the status; returns the seconds to the next poll."""
     try:
         spec = PoolSpec.parse(raw_spec, default_poll_seconds)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
         _write(kube, ref, _failed(kube, ref, state, "InvalidSpec", f"spec: {exc}"))
         return default_poll_seconds
     try:
