@@ -51,6 +51,28 @@ def _rank(token: str) -> int:
     return int(token) if token.isdigit() else _NAMES.get(token.lower(), -1)
 
 
+_SINGLE_RANGE = re.compile(r"(\w+)-(\w+)(?:/0*[1-9]\d*)?")
+
+
+def _collapsed(field: str) -> str:
+    """The field with each one-value range (``9-9``, ``mon-mon/2``) written as that value.
+
+    croniter expands a list holding such a range as ``*`` (every value) and
+    ``a-a/n`` as ``*/n``; classic cron means the one value.
+    """
+    parts = []
+    for part in field.split(","):
+        match = _SINGLE_RANGE.fullmatch(part)
+        single = match and _rank(match[1]) == _rank(match[2]) >= 0
+        parts.append(match[1] if match and single else part)
+    return ",".join(parts)
+
+
+def _collapsed_weekdays(field: str) -> str:
+    """Also ``7/n`` (from Sunday as 7 on: Sunday only), which croniter expands as ``*``."""
+    return ",".join("7" if re.fullmatch(r"7/0*[1-9]\d*", p) else p for p in field.split(","))
+
+
 # name, lowest, highest value
 _FIELDS = [
     ("minute", 0, 59),
@@ -114,7 +136,9 @@ def parse(expr: str) -> Cron:
             f"invalid cron expression {text!r}: range {'-'.join(backwards)!r} runs backwards"
         )
     try:
-        expanded, nth_weekday = croniter.expand(" ".join(fields))
+        collapsed = [_collapsed(f) for f in fields]
+        collapsed[4] = _collapsed_weekdays(collapsed[4])
+        expanded, nth_weekday = croniter.expand(" ".join(collapsed))
     except (CroniterError, ValueError) as exc:
         raise InvalidInput(
             f"invalid cron expression {text!r}: {_which_field(fields, exc)}"
@@ -159,7 +183,7 @@ def _which_field(fields: list[str], exc: Exception) -> str:
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone of that name; raise `InvalidInput` for an unknown one."""
     try:
-        if not name or name != name.strip():
+        if not isinstance(name, str) or not name or name != name.strip():
             raise ValueError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):

@@ -65,7 +65,9 @@ def priority(value: Any, what: str = "priority") -> int:
 def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """The payload as compact JSON ({} for None), refused when too large."""
     try:
-        encoded = json.dumps({} if payload is None else payload, separators=(",", ":"))
+        encoded = json.dumps(
+            {} if payload is None else payload, separators=(",", ":"), allow_nan=False
+        )
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
     size = len(encoded.encode())

@@ -102,6 +102,11 @@ def _families(status: QueueStatus | None) -> list[Metric]:
     expired = CounterMetricFamily(
         "rota_lease_expirations", "Leases the reaper found expired (worker gone), ever."
     )
+    paused = GaugeMetricFamily(
+        "rota_job_type_paused",
+        'Whether workers claim nothing of a job type (1: paused; type "*": every type).',
+        labels=["type"],
+    )
     missed = CounterMetricFamily(
         "rota_schedule_missed_slots",
         "Slots a schedule missed while no scheduler ran.",
@@ -117,7 +122,11 @@ def _families(status: QueueStatus | None) -> list[Metric]:
         expired.add_metric([], status.lease_expirations.total)
         for schedule in status.schedules:
             missed.add_metric([schedule.name], schedule.missed_slots)
-    return [age, jobs, running, dead, expired, missed]
+        for job_type, measures in status.types.items():
+            paused.add_metric([job_type], 1 if measures.paused else 0)
+        if "*" in status.paused:
+            paused.add_metric(["*"], 1)
+    return [age, jobs, running, dead, expired, missed, paused]
 
 
 class DatabaseCollector:

@@ -34,6 +34,8 @@ class TypeStatus:
     failed: int = 0
     dead: int = 0
     cancelled: int = 0
+    paused: bool = False
+    """No worker claims jobs of this type (paused by type, or every type paused)."""
 
     def count(self, status: Status) -> int:
         value: int = getattr(self, status.value)
@@ -75,6 +77,8 @@ class QueueStatus:
     types: dict[str, TypeStatus]
     lease_expirations: LeaseExpirations
     schedules: tuple[ScheduleStatus, ...] = ()
+    paused: tuple[str, ...] = ()
+    """Paused job types; "*" means every type is paused."""
 
     @property
     def dead_jobs(self) -> int:
@@ -97,6 +101,9 @@ class QueueAge:
     """Jobs that could run now (status ready, run_at <= now)."""
     running_jobs: int = 0
     """Jobs being run now (status running)."""
+    paused_types: tuple[str, ...] = ()
+    """Which of the types asked about are paused ("*": every type); their jobs
+    are not counted as waiting."""
 
 
 def _plain(value: Any) -> Any:
@@ -117,9 +124,10 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         leases = fetch_all(conn, sql.query("metrics_lease_expirations"), params)[0]
         by_hour = fetch_all(conn, sql.query("metrics_lease_expirations_by_hour"), params)
         schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
+        paused = tuple(r["type"] for r in fetch_all(conn, sql.query("paused_types")))
     return QueueStatus(
         now=leases["now"],
-        types=_types(counts),
+        types=_types(counts, paused),
         lease_expirations=LeaseExpirations(
             total=int(leases["total"]),
             current_hour=int(leases["current_hour"]),
@@ -128,34 +136,38 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
             by_hour=tuple(HourCount(r["hour"], int(r["count"])) for r in by_hour),
         ),
         schedules=tuple(ScheduleStatus(**row) for row in schedules),
+        paused=paused,
     )
 
 
-def _types(rows: Iterable[dict[str, Any]]) -> dict[str, TypeStatus]:
-    measures: dict[str, dict[str, Any]] = {}
+def _types(rows: Iterable[dict[str, Any]], paused: Sequence[str]) -> dict[str, TypeStatus]:
+    measures: dict[str, dict[str, Any]] = {t: {} for t in paused if t != "*"}
     for row in rows:
         fields = measures.setdefault(row["type"], {})
         fields[row["status"]] = int(row["jobs"])
         if row["status"] == Status.READY:
             fields["due"] = int(row["due"])
             fields["oldest_ready_age_seconds"] = max(0.0, float(row["oldest_ready_age_seconds"]))
-    return {t: TypeStatus(**fields) for t, fields in sorted(measures.items())}
+    every = "*" in paused
+    return {
+        t: TypeStatus(**fields, paused=every or t in paused)
+        for t, fields in sorted(measures.items())
+    }
 
 
 def queue_age(
     conn_or_dsn: ConnOrDsn, types: Sequence[str] | None = None, now: datetime | None = None
 ) -> QueueAge:
     """Age of the oldest due job of `types` (or any), with ready and running counts."""
+    params = {"types": list(types) if types is not None else None, "now": now}
     with connection(conn_or_dsn) as conn:
-        row = fetch_all(
-            conn,
-            sql.query("queue_age"),
-            {"types": list(types) if types is not None else None, "now": now},
-        )[0]
+        row = fetch_all(conn, sql.query("queue_age"), params)[0]
+        paused = fetch_all(conn, sql.query("paused_among"), params)
     return QueueAge(
         max(float(row["oldest_ready_age_seconds"]), 0.0),
         int(row["ready_jobs"]),
         int(row["running_jobs"]),
+        tuple(r["type"] for r in paused),
     )
 
 
@@ -197,7 +209,8 @@ def format_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-_COLUMNS = ("TYPE", "READY", "DUE", "OLDEST READY", "RUNNING", "DONE", "FAILED", "DEAD")
+_COLUMNS = ("TYPE", "READY", "DUE", "OLDEST READY", "RUNNING", "DONE", "FAILED", "DEAD",
+            "CANCELLED", "STATE")  # fmt: skip
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -225,6 +238,8 @@ def _type_rows(status: QueueStatus) -> list[tuple[str, ...]]:
                 str(m.done),
                 str(m.failed),
                 str(m.dead),
+                str(m.cancelled),
+                "PAUSED" if m.paused else "active",
             )
         )
     return rows
@@ -248,6 +263,8 @@ def render(status: QueueStatus, found: Sequence[str] = ()) -> str:
         f"{leases.previous_hour} the hour before, {leases.last_24h} in 24 h, "
         f"{leases.total} in all\n"
     )
+    if "*" in status.paused:
+        parts.append("\nEvery job type is PAUSED (rota resume --all lifts it)\n")
     if status.schedules:
         parts.append("\n" + _table(_schedule_rows(status)))
     parts.append(

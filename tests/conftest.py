@@ -104,6 +104,15 @@ def empty_db_url(pg_server: Server) -> Iterator[str]:
     pg_server.drop(name)
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_workers() -> Iterator[None]:
+    """Every `rota worker` a test started is gone when it ends, pass or fail."""
+    yield
+    from tests.acceptance.procs import kill_leftovers
+
+    kill_leftovers()
+
+
 @pytest.fixture
 def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the test's database, rows as dicts."""

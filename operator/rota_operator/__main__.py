@@ -1,11 +1,96 @@
-"""`rota-operator`: run the kopf operator with Rota's handlers and the environment's settings."""
+"""`rota-operator`: run the kopf operator with Rota's handlers and the environment's settings.
+
+Without ROTA_STANDALONE, peering is mandatory: kopf keeps the operator paused,
+handling nothing and saying nothing at the default level, until its peering
+CRDs and the peering object exist. So the operator says it, at start and then
+every ROTA_PEERING_WAIT_LOG_SECONDS (30) while it waits, with the two ways out.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
 
 import kopf
 
 from rota_operator import handlers as _handlers  # noqa: F401 - registers the handlers
+from rota_operator import kube
 from rota_operator.settings import Settings
+
+logger = logging.getLogger("rota_operator.peering")
+
+PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
+_HOW_TO = (
+    "install kopf's peering CRDs from crds/kopf/ and the peering object (the Helm chart"
+    " does both with operator.peering.enabled=true), or run a single replica with"
+    " ROTA_STANDALONE=true"
+)
+
+
+def peering_wait_reason(api: kube.Kube, settings: Settings) -> str | None:
+    """Why kopf's mandatory peering keeps this operator paused; None when nothing is missing."""
+    if settings.namespaces:
+        plural, kind = "kopfpeerings", "KopfPeering"
+        places = [ns for ns in settings.namespaces if not any(c in ns for c in "*?[!")]
+    else:
+        plural, kind, places = "clusterkopfpeerings", "ClusterKopfPeering", [""]
+    crd = f"{plural}.{PEERING_GROUP}"
+    try:
+        if crd not in api.list_names("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
+            return f"the CRD {crd} is not installed"
+        for namespace in places:
+            names = api.list_names(PEERING_GROUP, PEERING_VERSION, plural, namespace)
+            if settings.peering_name not in names:
+                where = f" in namespace {namespace}" if namespace else ""
+                return f"there is no {kind} named {settings.peering_name!r}{where}"
+    except kube.KubeError as exc:
+        if exc.not_found:
+            return f"the CRD {crd} is not installed"
+        return f"cannot list {crd} or its CRD: {exc}"
+    return None
+
+
+async def report_peering_wait(api: kube.Kube, settings: Settings, interval: float) -> None:
+    """Log a warning at once and every `interval` seconds while peering is missing."""
+    waited = 0.0
+    while True:
+        reason = await asyncio.to_thread(peering_wait_reason, api, settings)
+        if reason is None:
+            if waited:
+                logger.warning("Peering found after %.0f s: the operator goes on.", waited)
+            else:
+                logger.info("Peering %r is in place.", settings.peering_name)
+            return
+        logger.warning(
+            "The operator is paused and handles nothing%s: peering is mandatory without"
+            " ROTA_STANDALONE, and %s. To go on, %s.",
+            f" (for {waited:.0f} s now)" if waited else "",
+            reason,
+            _HOW_TO,
+        )
+        await asyncio.sleep(interval)
+        waited += interval
+
+
+@kopf.on.startup()
+async def watch_peering(memo: kopf.Memo, **_: Any) -> None:
+    """Start the peering report (only `rota-operator` makes peering mandatory)."""
+    settings = Settings.from_environ()
+    if settings.standalone:
+        logger.info("Standalone: no peering (a single replica).")
+        return
+    interval = float(os.environ.get("ROTA_PEERING_WAIT_LOG_SECONDS") or 30)
+    api = kube.Kube(await asyncio.to_thread(kube.load_client))
+    memo.peering_report = asyncio.create_task(report_peering_wait(api, settings, interval))
+
+
+@kopf.on.cleanup()
+async def stop_peering_report(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("peering_report")
+    if task is not None:
+        task.cancel()
 
 
 def main() -> None:

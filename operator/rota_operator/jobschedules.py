@@ -35,7 +35,16 @@ def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.Schedule
     for field in ("jobType", "schedule"):
         if not isinstance(spec.get(field), str) or not spec.get(field):
             raise InvalidInput(f"spec.{field} is required")
-    result = core.ScheduleSpec(
+    try:
+        result = _spec_of(namespace, name, spec, payload)
+    except (TypeError, ValueError) as exc:  # e.g. spreadSeconds: "soon"
+        raise InvalidInput(f"spec: {exc}") from None
+    core.validate(result)
+    return result
+
+
+def _spec_of(namespace: str, name: str, spec: Mapping[str, Any], payload: Any) -> core.ScheduleSpec:
+    return core.ScheduleSpec(
         name=row_name(namespace, name),
         job_type=spec["jobType"],
         cron=spec["schedule"],
@@ -49,8 +58,6 @@ def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.Schedule
         priority=spec.get("priority"),
         timeout_seconds=spec.get("timeoutSeconds"),
     )
-    core.validate(result)
-    return result
 
 
 def synced_status(

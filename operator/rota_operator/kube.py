@@ -108,6 +108,17 @@ class Kube:
                 "Cannot post the event %s on %s/%s: %s", reason, ref.namespace, ref.name, exc
             )
 
+    def list_names(self, group: str, version: str, plural: str, namespace: str = "") -> list[str]:
+        """Names of the custom objects of a kind (404 as KubeError when it is not served)."""
+        if namespace:
+            found = _call(
+                self.custom.list_namespaced_custom_object, group, version, namespace, plural
+            )
+        else:
+            found = _call(self.custom.list_cluster_custom_object, group, version, plural)
+        items = found.get("items") or []
+        return [str((item.get("metadata") or {}).get("name")) for item in items]
+
 
 def _call(method: Any, *args: Any, patch: bool = False) -> dict[str, Any]:
     """Call the client without its models (we need a few fields, not validation); JSON back."""

@@ -10,6 +10,7 @@ and the next poll tries again.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,9 +57,10 @@ class PoolSpec:
         )
         types = values.get("jobTypes")
         target = (values.get("scaleTargetRef") or {}).get("name") or ""
-        return cls(
-            target, list(types) if types else None, limits, float(values["pollIntervalSeconds"])
-        )
+        poll = float(values["pollIntervalSeconds"])
+        if not 0 < poll < math.inf:  # nan too: the pool's loop sleeps this long
+            raise ValueError(f"pollIntervalSeconds must be a positive number, not {poll!r}")
+        return cls(target, list(types) if types else None, limits, poll)
 
 
 @dataclass
@@ -67,6 +69,8 @@ class PoolState:
 
     memory: ScaleMemory = field(default_factory=ScaleMemory)
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    paused: tuple[str, ...] = ()
+    """The paused types last reported, so that a pause is an Event once."""
 
 
 def poll_once(
@@ -81,7 +85,7 @@ def poll_once(
     """Measure, decide, scale and write the status; returns the seconds to the next poll."""
     try:
         spec = PoolSpec.parse(raw_spec, default_poll_seconds)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
         _write(kube, ref, _failed(kube, ref, state, "InvalidSpec", f"spec: {exc}"))
         return default_poll_seconds
     try:
@@ -125,11 +129,17 @@ def _reconcile(
         logger.info("WorkerPool %s/%s: %s", ref.namespace, ref.name, decision.message)
         status["lastScaleTime"] = now_rfc3339()
     metrics.record_replicas(f"{ref.namespace}/{ref.name}", decision.desired, replicas.status)
-    state.conditions = with_condition(
-        state.conditions, "Ready", True, decision.reason, decision.message
-    )
+    message = decision.message
+    if age.paused_types:
+        paused = ", ".join(age.paused_types)
+        message += f"; paused types (not scaled for): {paused}"
+        if tuple(age.paused_types) != state.paused:
+            kube.post_event(ref, "Normal", "Paused", f"jobs of {paused} are paused: not scaled for")
+    state.paused = tuple(age.paused_types)
+    state.conditions = with_condition(state.conditions, "Ready", True, decision.reason, message)
     return {
         **status,
+        "pausedTypes": list(age.paused_types),
         "currentReplicas": replicas.status,
         "desiredReplicas": decision.desired,
         "oldestReadyAgeSeconds": round(sample.oldest_ready_age_seconds, 3),

@@ -7,6 +7,7 @@ Exit codes: 0 ok, 2 bad usage or input (one-line reason, nothing written),
 from __future__ import annotations
 
 import json
+import math
 import os
 from datetime import UTC, datetime
 from typing import Any
@@ -52,7 +53,7 @@ def parse_duration(text: str, what: str) -> float:
         seconds = float(raw) * unit
     except ValueError:
         raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}") from None
-    if seconds < 0:
+    if not 0 <= seconds < math.inf:  # nan and inf too
         raise UsageError(f"{what} must not be negative: {text!r}")
     return seconds
 

@@ -15,6 +15,13 @@ from rota.settings import QueueSettings
 
 def register(sub: Any) -> None:
     p = sub.add_parser("migrate", help="create or upgrade the rota schema")
+    p.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="ROLE[,ROLE]",
+        help="give existing roles the rights the workers and the operator need (repeatable)",
+    )
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("enqueue", help="enqueue one job; prints its id")
@@ -46,7 +53,10 @@ def register(sub: Any) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    applied = migrate(database_url())
+    roles = [role.strip() for value in args.grant for role in value.split(",")]
+    if "" in roles:
+        raise UsageError("--grant needs role names, e.g. --grant rota_worker")
+    applied = migrate(database_url(), grant=roles)
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
     return 0
 

@@ -187,7 +187,8 @@ SELECT * FROM rota.job WHERE id = %(id)s
 
 -- name: queue_age
 -- Age of the oldest job that could run now, how many could, and how many run;
--- walks the partial indexes of ready and running rows only.
+-- walks the partial indexes of ready and running rows only. Jobs of paused
+-- types cannot run now: they are not counted as waiting.
 SELECT coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(run_at)), 0)::float8
            AS oldest_ready_age_seconds,
        count(*) AS ready_jobs,
@@ -198,6 +199,15 @@ FROM rota.job
 WHERE status = 'ready'
   AND run_at <= coalesce(%(now)s::timestamptz, now())
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND type <> ALL (SELECT type FROM rota.paused_type)
+  AND NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
+
+-- name: paused_among
+-- The paused types among the given ones (all paused types when none given);
+-- '*' when every type is paused.
+SELECT type FROM rota.paused_type
+WHERE type = '*' OR %(types)s::text[] IS NULL OR type = ANY(%(types)s::text[])
+ORDER BY type
 
 -- name: record_effect
 INSERT INTO rota.job_effect (job_key, effect, result)

@@ -6,6 +6,7 @@ handler module would.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -59,3 +60,53 @@ def wait_for_gate(job: rota.Job) -> None:
 @rota.handler("slow")
 def slow(job: rota.Job) -> None:
     time.sleep(float(job.payload.get("seconds", 0.05)))
+
+
+def _ran(job: rota.Job, note: str = "started") -> None:
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
+            (job.id, job.attempts, os.getpid(), note),
+        )
+
+
+@rota.handler("hang.async")
+async def hang_async(job: rota.Job) -> None:
+    """Never returns by itself; notes when it is cancelled."""
+    _ran(job)
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        _ran(job, "cancelled")
+        raise
+
+
+@rota.handler("hang.sync")
+def hang_sync(job: rota.Job) -> None:
+    """Ignores every stop signal: only killing its process ends it."""
+    _ran(job)
+    time.sleep(3600)
+
+
+@rota.handler("stubborn", timeout=1)
+def stubborn(job: rota.Job) -> None:
+    """Ignores job.cancelled until the test opens its gate (or a minute passes)."""
+    _ran(job)
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if conn.execute("SELECT 1 FROM gate WHERE job_id = %s", (job.id,)).fetchone():
+                return
+            time.sleep(0.05)
+
+
+@rota.handler("noop.other")
+async def noop_other(job: rota.Job) -> None:
+    return None
+
+
+@rota.handler("noted")
+def noted(job: rota.Job) -> None:
+    """Notes when it starts (the order of starts shows priorities)."""
+    _ran(job)
+    time.sleep(0.01)

@@ -31,6 +31,9 @@ def rota(db_url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[s
 
 
 class WorkerProcess:
+    started: list[WorkerProcess] = []
+    """Every worker a test started: `kill_leftovers` ends those still running."""
+
     def __init__(self, db_url: str, *args: str, prelude: str = "", log: Path | None = None) -> None:
         code = f"{prelude}\nfrom rota.cli import run\nrun()"
         argv = [sys.executable, "-c", code, "worker", "--handlers", "app_handlers", *args]
@@ -39,6 +42,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             argv, env=env_for(db_url), stdout=out, stderr=subprocess.STDOUT
         )
+        WorkerProcess.started.append(self)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
@@ -57,6 +61,16 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+
+
+def kill_leftovers() -> None:
+    """Kill every worker a test left running (a failed test must not leak processes)."""
+    while WorkerProcess.started:
+        worker = WorkerProcess.started.pop()
+        if worker.proc.poll() is None:
+            worker.proc.send_signal(signal.SIGCONT)
+            worker.proc.kill()
+            worker.proc.wait(timeout=30)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:

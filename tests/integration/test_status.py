@@ -42,6 +42,8 @@ def test_json_has_the_measures_and_warnings(busy_db, capsys):
         "done": 0,
         "failed": 0,
         "dead": 1,
+        "cancelled": 0,
+        "paused": False,
     }
     assert status["dead_jobs"] == 1
     assert status["lease_expirations"]["current_hour"] == 12
@@ -62,14 +64,18 @@ def test_table_shows_each_type_and_every_warning(busy_db, capsys):
         "DONE",
         "FAILED",
         "DEAD",
+        "CANCELLED",
+        "STATE",
     ]
     assert email.split()[:3] == ["email.send", "1", "1"] and email.split()[4:] == [
         "1",
         "1",
         "0",
         "0",
+        "0",
+        "active",
     ]
-    assert report.split() == ["report", "1", "0", "-", "0", "0", "0", "1"]
+    assert report.split() == ["report", "1", "0", "-", "0", "0", "0", "1", "0", "active"]
     assert "email.send: the oldest ready job has waited 10m" in out
     assert "12 leases expired within one hour (threshold 10)" in out
     assert "1 dead job(s)" in out

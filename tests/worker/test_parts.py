@@ -99,9 +99,11 @@ def test_the_keeper_extends_held_leases_and_stops_lost_and_cancelled_ones(conn, 
             await keeper.beat(link)
         finally:
             link.close()
-        await asyncio.gather(
-            *(e.task for e in executions.values() if e.task), return_exceptions=True
-        )
+        still_held = executions[ids[0]].task
+        assert still_held is not None and not still_held.done()
+        still_held.cancel()
+        tasks = [e.task for e in executions.values() if e.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
         return executions
 
     executions = asyncio.run(scenario())

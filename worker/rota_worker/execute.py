@@ -42,8 +42,9 @@ OUTAGE_RETRY_MAX_SECONDS = 300.0
 MAX_RELEASES = 10
 """Consecutive outage give-backs a job gets before the next counts as an attempt."""
 
-SyncRunner = Callable[[Handler, Job, Context], Awaitable[None]]
-"""How a sync handler is run: in a thread, or in a child process."""
+SyncRunner = Callable[[Handler, Job, Context, Callable[[], None]], Awaitable[None]]
+"""How a sync handler is run: in a thread, or in a child process. It calls the
+last argument when the handler really starts (its time limit runs from then)."""
 
 
 class Decided(Exception):
@@ -71,10 +72,22 @@ class Execution:
     timeout_seconds: float | None = None
     stopped: Stop | None = None
     task: asyncio.Task[Attempt] | None = None
+    _timer: asyncio.TimerHandle | None = None
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.job.id, self.job.attempts)
+
+    def start_clock(self) -> None:
+        """The handler starts now: from here its time limit runs (if it has one)."""
+        if self.timeout_seconds is not None and self.task is not None and not self.task.done():
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.timeout_seconds, self.stop, Stop.TIMEOUT)
+
+    def stop_clock(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def stop(self, why: Stop) -> None:
         """Stop the attempt (the first reason wins); safe to call more than once."""
@@ -104,18 +117,15 @@ async def run_attempt(
     """Run the handler; return what to write, whether it returned, raised or was stopped."""
     job = execution.job
     started = time.perf_counter()
-    timer = None
-    if execution.timeout_seconds is not None:
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(execution.timeout_seconds, execution.stop, Stop.TIMEOUT)
     try:
         if handler is None:
             raise Permanent(f"no handler registered for job type {job.type!r}")
         if handler.is_async:
             args = (job, context) if handler.wants_context else (job,)
+            execution.start_clock()
             await handler.func(*args)
         else:
-            await run_sync(handler, job, context)
+            await run_sync(handler, job, context, execution.start_clock)
     except asyncio.CancelledError:
         if execution.stopped is None:
             raise  # not ours: the loop itself is going away
@@ -132,8 +142,7 @@ async def run_attempt(
     else:
         outcome = Attempt(job.id, job.attempts, Outcome.DONE)
     finally:
-        if timer is not None:
-            timer.cancel()
+        execution.stop_clock()
     duration = time.perf_counter() - started
     return dataclasses.replace(outcome, type=job.type, duration_seconds=duration)
 

@@ -23,7 +23,7 @@ from rota_worker.link import Backoff, Link
 
 log = logging.getLogger("rota.worker")
 
-_WORTH_A_WARNING = frozenset({Outcome.RETRY, Outcome.DEAD, Outcome.FAILED, Outcome.LEASE_LOST})
+_WORTH_A_WARNING = frozenset({Outcome.RETRY, Outcome.DEAD, Outcome.FAILED})
 
 
 class OutcomeBuffer:
@@ -99,7 +99,16 @@ class OutcomeBuffer:
 
     def _account(self, attempt: Attempt, status: Status | None, lost: bool) -> None:
         outcome = _final(attempt, status, lost)
-        if outcome in _WORTH_A_WARNING:
+        if outcome is Outcome.LEASE_LOST:
+            log.warning(
+                "job %s (%s) attempt %d: lease lost before its outcome (%s) was written;"
+                " nothing written",
+                attempt.job_id,
+                attempt.type,
+                attempt.attempts,
+                attempt.outcome,
+            )
+        elif outcome in _WORTH_A_WARNING:
             first_line = (attempt.error or "").splitlines()[0] if attempt.error else ""
             log.warning(
                 "job %s (%s) attempt %d: %s%s",
@@ -107,7 +116,7 @@ class OutcomeBuffer:
                 attempt.type,
                 attempt.attempts,
                 outcome,
-                f": {first_line}" if first_line else "; nothing written",
+                f": {first_line}" if first_line else "",
             )
         else:
             log.debug(

@@ -21,7 +21,8 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rota.claim import Attempt
 from rota.handlers import Context, Handler, registered
@@ -35,6 +36,10 @@ KILL_AFTER_TERM_SECONDS = 2.0
 """After SIGTERM, how long a child may take to exit before SIGKILL."""
 
 
+READY = "ready"
+"""A child's first message: its handlers are imported, it takes jobs."""
+
+
 def _child_main(
     conn: multiprocessing.connection.Connection,
     modules: Sequence[str],
@@ -43,11 +48,6 @@ def _child_main(
     backoff: BackoffSettings,
 ) -> None:
     """A child's life: import the handlers, then run one attempt per message."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    for name in ["rota.archive", *modules]:
-        importlib.import_module(name)
-    handlers = registered()
-    context = Context(dsn, worker_id)
     current: list[Job] = []
 
     def stop_current(*_: object) -> None:
@@ -55,6 +55,12 @@ def _child_main(
             running.cancelled.set()
 
     signal.signal(signal.SIGUSR1, stop_current)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    for name in ["rota.archive", *modules]:
+        importlib.import_module(name)
+    handlers = registered()
+    context = Context(dsn, worker_id)
+    conn.send(READY)
     while True:
         try:
             row = conn.recv()
@@ -73,11 +79,16 @@ def _child_main(
         conn.send(reply)
 
 
+class ChildDied(RuntimeError):
+    """The child process running a handler is gone."""
+
+
 class Child:
     def __init__(self, runner: ProcessRunner) -> None:
-        parent, child = multiprocessing.get_context("spawn").Pipe()
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
         self.conn = parent
-        self.process = multiprocessing.get_context("spawn").Process(
+        self.process = context.Process(
             target=_child_main,
             args=(child, runner.modules, runner.dsn, runner.worker_id, runner.backoff),
             name="rota-job-process",
@@ -85,31 +96,42 @@ class Child:
         )
         self.process.start()
         child.close()
-        self.condemned = False
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
 
-    async def run(self, job: Job) -> Attempt | None:
+    async def receive(self) -> Any:
+        """The child's next message (ChildDied when it has none to give)."""
         loop = asyncio.get_running_loop()
-        reply: asyncio.Future[Attempt | None] = loop.create_future()
+        message: asyncio.Future[Any] = loop.create_future()
 
         def readable() -> None:
             loop.remove_reader(self.conn.fileno())
             try:
-                reply.set_result(self.conn.recv())
+                message.set_result(self.conn.recv())
             except (EOFError, OSError) as exc:
-                reply.set_exception(RuntimeError(f"handler process {self.pid} died: {exc}"))
+                message.set_exception(ChildDied(f"handler process {self.pid} died: {exc!r}"))
 
-        self.conn.send(job.to_row())
         loop.add_reader(self.conn.fileno(), readable)
         try:
-            return await reply
+            return await message
         except asyncio.CancelledError:
-            # From here on the reaper reads what the child still sends.
             loop.remove_reader(self.conn.fileno())
             raise
+
+    async def start(self) -> None:
+        if await self.receive() != READY:  # pragma: no cover - a protocol slip
+            raise ChildDied(f"handler process {self.pid} did not start")
+
+    async def run(self, job: Job, started: Callable[[], None]) -> Attempt | None:
+        try:
+            self.conn.send(job.to_row())
+        except OSError as exc:
+            raise ChildDied(f"handler process {self.pid} died: {exc!r}") from None
+        started()
+        reply: Attempt | None = await self.receive()
+        return reply
 
     def signal(self, signum: int) -> None:
         if self.process.is_alive() and self.pid is not None:
@@ -125,6 +147,10 @@ class Child:
 
 class ProcessRunner:
     """At most `concurrency` live children, and any number of condemned ones."""
+
+    healthy = True
+    abandoned = 0
+    """Never anything to abandon: a child that does not return is killed."""
 
     def __init__(
         self,
@@ -147,30 +173,41 @@ class ProcessRunner:
         self.killed = 0
         """Children killed because they outlived their attempt's stop."""
 
-    healthy = True
-    abandoned = 0
-
     async def _acquire(self) -> Child:
         async with self._freed:
             await self._freed.wait_for(lambda: bool(self._idle) or self._live < self.concurrency)
             if self._idle:
                 return self._idle.pop()
             self._live += 1
-        return Child(self)
+        child = Child(self)
+        try:
+            await child.start()
+        except BaseException:
+            await self._lose_slot()
+            child.close()
+            raise
+        return child
+
+    async def _lose_slot(self) -> None:
+        async with self._freed:
+            self._live -= 1
+            self._freed.notify()
 
     async def _give_back(self, child: Child) -> None:
         async with self._freed:
             self._idle.append(child)
             self._freed.notify()
 
-    async def __call__(self, handler: Handler, job: Job, context: Context) -> None:
+    async def __call__(
+        self, handler: Handler, job: Job, context: Context, started: Callable[[], None]
+    ) -> None:
         child = await self._acquire()
         try:
-            decided = await child.run(job)
+            decided = await child.run(job, started)
         except asyncio.CancelledError:
             await self._condemn(child)
             raise
-        except RuntimeError:
+        except ChildDied:
             await self._lose_slot()
             child.close()
             raise
@@ -179,37 +216,31 @@ class ProcessRunner:
             raise Decided(decided)
 
     async def _condemn(self, child: Child) -> None:
-        """Stop waiting for `child`; its slot goes to a fresh one; kill it unless it
-        returns within the grace period."""
+        """Stop waiting for `child`: its slot goes to a fresh one; it is killed unless
+        it returns within the grace period."""
         await self._lose_slot()
         child.signal(signal.SIGUSR1)
         asyncio.get_running_loop().create_task(self._reap(child))
 
-    async def _lose_slot(self) -> None:
-        async with self._freed:
-            self._live -= 1
-            self._freed.notify()
-
     async def _reap(self, child: Child) -> None:
-        loop = asyncio.get_running_loop()
-        returned = await loop.run_in_executor(None, child.conn.poll, self.kill_grace_seconds)
-        if returned:
-            with contextlib.suppress(EOFError, OSError):
-                child.conn.recv()
+        try:
+            await asyncio.wait_for(child.receive(), timeout=self.kill_grace_seconds)
+        except (TimeoutError, ChildDied):
+            pass
+        else:
             async with self._freed:
                 if self._live < self.concurrency:
                     self._live += 1
                     self._idle.append(child)
                     self._freed.notify()
                     return
-        log.warning("handler process %s outlived its attempt; killing it", child.pid)
-        self.killed += 1
-        child.signal(signal.SIGTERM)
-        await loop.run_in_executor(None, child.process.join, KILL_AFTER_TERM_SECONDS)
+        if child.process.is_alive():
+            log.warning("handler process %s outlived its attempt; killing it", child.pid)
+            self.killed += 1
+            child.signal(signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, child.process.join, KILL_AFTER_TERM_SECONDS)
         child.close()
-
-    def pids(self) -> list[int]:
-        return [c.pid for c in self._idle if c.pid is not None]
 
     def close(self) -> None:
         for child in self._idle:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from rota.handlers import Context, Handler
@@ -38,8 +39,11 @@ class ThreadRunner:
     def healthy(self) -> bool:
         return self.abandoned < self.concurrency
 
-    async def __call__(self, handler: Handler, job: Job, context: Context) -> None:
+    async def __call__(
+        self, handler: Handler, job: Job, context: Context, started: Callable[[], None]
+    ) -> None:
         args = (job, context) if handler.wants_context else (job,)
+        started()
         future = self._pool.submit(functools.partial(handler.func, *args))
         try:
             await asyncio.wrap_future(future)

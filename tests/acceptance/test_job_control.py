@@ -1,0 +1,288 @@
+"""Job control in real `rota worker` processes: timeouts (async, thread and process
+isolation), cancellation, pause and resume, priorities, and bad input."""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+from tests.acceptance.procs import WorkerProcess, wait_for
+from tests.acceptance.procs import rota as run_rota
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return None if row is None else next(iter(row.values()))
+
+
+def count(conn: psycopg.Connection[Any], where: str, *params: Any) -> int:
+    return int(scalar(conn, f"SELECT count(*) FROM rota.job WHERE {where}", *params))
+
+
+@pytest.fixture
+def tables(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "CREATE TABLE runs (seq bigserial, job_id bigint, attempt int, pid int, note text,"
+        " at timestamptz DEFAULT clock_timestamp())"
+    )
+    conn.execute("CREATE TABLE gate (job_id bigint PRIMARY KEY)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def test_hung_async_handlers_time_out_and_the_quick_jobs_flow(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    hung = rota.enqueue_many(
+        db_url, [rota.NewJob("hang.async", {"n": i}, max_attempts=2) for i in range(5)]
+    )
+    rota.enqueue_many(db_url, [rota.NewJob("noop", {"n": i}) for i in range(200)])
+    worker = WorkerProcess(
+        db_url, "--concurrency", "4", "--job-timeout", "1", log=tmp_path / "w.log"
+    )
+    try:
+        wait_for(lambda: count(conn, "type = 'noop' AND status = 'done'") == 200, what="noops")
+        wait_for(
+            lambda: count(conn, "type = 'hang.async' AND status = 'dead'") == 5,
+            what="the hung jobs to end dead",
+        )
+    finally:
+        assert worker.stop() == 0
+    rows = conn.execute(
+        "SELECT attempts, last_error FROM rota.job WHERE id = ANY(%s)", (hung,)
+    ).fetchall()
+    assert all(r["attempts"] == 2 and r["last_error"].startswith("Timeout:") for r in rows), rows
+    assert count(conn, "status = 'running'") == 0
+    # Each attempt saw asyncio.CancelledError.
+    assert scalar(conn, "SELECT count(*) FROM runs WHERE note = 'cancelled'") == 10
+
+
+def test_process_isolation_kills_children_that_outlive_their_timeout(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    hung = rota.enqueue_many(
+        db_url, [rota.NewJob("hang.sync", {"n": i}, max_attempts=2, timeout=1) for i in range(3)]
+    )
+    rota.enqueue_many(db_url, [rota.NewJob("noop") for _ in range(20)])
+    worker = WorkerProcess(
+        db_url, "--isolation", "process", "--concurrency", "2", log=tmp_path / "w.log"
+    )
+    try:
+        wait_for(
+            lambda: count(conn, "type = 'hang.sync' AND status = 'dead'") == 3,
+            timeout=120,
+            what="the hung jobs to be retried and end dead",
+        )
+        assert count(conn, "type = 'noop' AND status = 'done'") == 20
+        pids = [r["pid"] for r in conn.execute("SELECT DISTINCT pid FROM runs").fetchall()]
+        assert len(pids) >= 2 and os.getpid() not in pids  # children, not the test
+
+        def all_gone() -> bool:
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    continue
+                return False
+            return True
+
+        wait_for(all_gone, timeout=60, what="the children to be killed")
+    finally:
+        assert worker.stop() == 0
+    attempts = [r["attempts"] for r in conn.execute(
+        "SELECT attempts FROM rota.job WHERE id = ANY(%s)", (hung,)
+    ).fetchall()]  # fmt: skip
+    assert attempts == [2, 2, 2]
+    assert "killing it" in worker.output()
+
+
+def test_thread_mode_abandons_a_stubborn_handler_and_healthz_fails_at_the_limit(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    port = free_port()
+    first = rota.enqueue(db_url, "stubborn", max_attempts=1)  # handler default timeout: 1 s
+    worker = WorkerProcess(
+        db_url, "--concurrency", "2", "--metrics-port", str(port), log=tmp_path / "w.log"
+    )
+    try:
+        wait_for(
+            lambda: scalar(conn, "SELECT status FROM rota.job WHERE id = %s", first) == "dead",
+            what="the stubborn job to time out",
+        )
+        # Its thread runs on, abandoned; the lease is no longer renewed and the
+        # other slot keeps working.
+        rota.enqueue_many(db_url, [rota.NewJob("noop") for _ in range(50)])
+        wait_for(lambda: count(conn, "type = 'noop' AND status = 'done'") == 50, what="noops")
+        assert healthz(port) == 200
+        second = rota.enqueue(db_url, "stubborn", max_attempts=1)
+        wait_for(
+            lambda: scalar(conn, "SELECT status FROM rota.job WHERE id = %s", second) == "dead",
+            what="the second stubborn job to time out",
+        )
+        wait_for(lambda: healthz(port) == 503, what="/healthz to fail at the concurrency")
+        assert count(conn, "status = 'running'") == 0
+        conn.execute("INSERT INTO gate VALUES (%s), (%s)", (first, second))
+        wait_for(lambda: healthz(port) == 200, what="/healthz once the threads returned")
+    finally:
+        conn.execute("INSERT INTO gate SELECT id FROM rota.job ON CONFLICT DO NOTHING")
+        assert worker.stop() == 0
+
+
+def test_a_cancelled_ready_job_never_starts(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    job_id = rota.enqueue(db_url, "noted")
+    done = run_rota(db_url, "jobs", "cancel", str(job_id))
+    assert done.returncode == 0, done.stderr
+    assert "1 job(s) cancelled" in done.stdout
+    assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", job_id) == "cancelled"
+    later = rota.enqueue(db_url, "noted")
+    worker = WorkerProcess(db_url, log=tmp_path / "w.log")
+    try:
+        wait_for(
+            lambda: scalar(conn, "SELECT status FROM rota.job WHERE id = %s", later) == "done",
+            what="a later job to run",
+        )
+    finally:
+        assert worker.stop() == 0
+    assert scalar(conn, "SELECT count(*) FROM runs WHERE job_id = %s", job_id) == 0
+    shown = run_rota(db_url, "jobs", "list", "--status", "cancelled")
+    assert str(job_id) in shown.stdout and "cancelled" in shown.stdout
+
+
+def test_a_cancelled_running_async_job_stops_within_a_heartbeat(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    lease = 9.0
+    job_id = rota.enqueue(db_url, "hang.async")
+    worker = WorkerProcess(db_url, "--lease", str(lease), log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM runs") == 1, what="the job to start")
+        asked = run_rota(db_url, "jobs", "cancel", str(job_id))
+        assert asked.returncode == 0, asked.stderr
+        assert "asked to stop" in asked.stdout
+        wait_for(
+            lambda: (
+                scalar(conn, "SELECT status FROM rota.job WHERE id = %s", job_id) == "cancelled"
+            ),
+            what="the job to end cancelled",
+        )
+    finally:
+        assert worker.stop() == 0
+    seen = scalar(
+        conn,
+        "SELECT extract(epoch FROM r.at - j.cancel_requested_at) FROM runs r"
+        " JOIN rota.job j ON j.id = r.job_id WHERE r.note = 'cancelled'",
+    )
+    assert seen is not None and 0 <= seen <= lease / 3 + 1
+    assert scalar(conn, "SELECT attempts FROM rota.job WHERE id = %s", job_id) == 1
+
+
+def test_a_paused_type_waits_while_the_others_drain(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    rota.enqueue_many(db_url, [rota.NewJob("noop") for _ in range(500)])
+    rota.enqueue_many(db_url, [rota.NewJob("noop.other") for _ in range(500)])
+    assert run_rota(db_url, "pause", "noop").returncode == 0
+    status = run_rota(db_url, "status")
+    assert "PAUSED" in status.stdout
+    worker = WorkerProcess(db_url, "--concurrency", "8", log=tmp_path / "w.log")
+    try:
+        wait_for(
+            lambda: count(conn, "type = 'noop.other' AND status = 'done'") == 500,
+            what="the other type to drain",
+        )
+        assert count(conn, "type = 'noop' AND attempts = 0 AND status = 'ready'") == 500
+        assert run_rota(db_url, "resume", "noop").returncode == 0
+        wait_for(lambda: count(conn, "type = 'noop' AND status = 'done'") == 500, what="resumed")
+    finally:
+        assert worker.stop() == 0
+
+
+def test_urgent_jobs_pass_a_backlog(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    rota.enqueue_many(db_url, [rota.NewJob("noted", {"low": i}, priority=9) for i in range(100)])
+    worker = WorkerProcess(db_url, "--concurrency", "1", log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM runs") >= 3, what="the backlog")
+        urgent = rota.enqueue_many(db_url, [rota.NewJob("noted", priority=0) for _ in range(10)])
+        wait_for(
+            lambda: count(conn, "id = ANY(%s) AND status = 'done'", urgent) == 10,
+            what="the urgent jobs",
+        )
+    finally:
+        assert worker.stop() == 0
+    last_urgent = scalar(conn, "SELECT max(started_at) FROM rota.job WHERE id = ANY(%s)", urgent)
+    enqueued = scalar(conn, "SELECT min(created_at) FROM rota.job WHERE id = ANY(%s)", urgent)
+    # Low jobs claimed after the urgent ones were enqueued all start after them
+    # (one low job may already have been claimed when they arrived).
+    overtaken = count(
+        conn,
+        "priority = 9 AND started_at > %s AND started_at < %s",
+        enqueued,
+        last_urgent,
+    )
+    assert overtaken <= 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pause"], "give job types or --all"),
+        (["resume"], "give job types or --all"),
+        (["pause", "t", "--all"], "give job types or --all"),
+        (["enqueue", "t", "--timeout", "-1"], "timeout must be more than 0"),
+        (["enqueue", "t", "--priority", "10"], "priority must be a whole number from 0"),
+        (["enqueue", "t", "--priority", "-1"], "priority must be a whole number from 0"),
+        (["jobs", "cancel", "999999"], "no job with id 999999"),
+        (["jobs", "cancel"], "give job ids or --type"),
+        (["jobs", "cancel", "--status", "ready"], "give job ids or --type"),
+        (["schedule", "add", "s", "--type", "t", "--cron", "@daily", "--priority", "12"],
+         "priority must be"),
+        (["schedule", "add", "s", "--type", "t", "--cron", "@daily", "--timeout", "0"],
+         "timeout_seconds must be more than 0"),
+        (["worker", "--job-timeout", "-3"], "--job-timeout must be more than 0"),
+        (["worker", "--isolation", "fork"], "invalid choice"),
+    ],
+)  # fmt: skip
+def test_bad_job_control_input_is_refused_and_writes_nothing(
+    db_url: str, conn: psycopg.Connection[Any], argv: list[str], message: str
+) -> None:
+    known = rota.enqueue(db_url, "t")
+
+    def state() -> tuple[Any, ...]:
+        return (
+            conn.execute("SELECT * FROM rota.job ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM rota.paused_type").fetchall(),
+            conn.execute("SELECT name FROM rota.schedule ORDER BY name").fetchall(),
+        )
+
+    before = state()
+    done = run_rota(db_url, *argv)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert state() == before
+    assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", known) == "ready"
