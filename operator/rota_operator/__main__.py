@@ -28,6 +28,9 @@ _HOW_TO = (
     " ROTA_STANDALONE=true"
 )
 
+CRD_GROUP = "apiextensions.k8s.io"
+"""Where the peering CRDs are looked for (kopf's own grants let it list them)."""
+
 
 def peering_wait_reason(api: kube.Kube, settings: Settings) -> str | None:
     """Why kopf's mandatory peering keeps this operator paused; None when nothing is missing."""
@@ -38,7 +41,7 @@ def peering_wait_reason(api: kube.Kube, settings: Settings) -> str | None:
         plural, kind, places = "clusterkopfpeerings", "ClusterKopfPeering", [""]
     crd = f"{plural}.{PEERING_GROUP}"
     try:
-        if crd not in api.list_names("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
+        if crd not in api.list_names(CRD_GROUP, "v1", "customresourcedefinitions"):
             return f"the CRD {crd} is not installed"
         for namespace in places:
             names = api.list_names(PEERING_GROUP, PEERING_VERSION, plural, namespace)

@@ -52,12 +52,17 @@ def record_error(resource: str, reason: str) -> None:
     RECONCILE_ERRORS.labels(resource=resource, reason=reason).inc()
 
 
+_database: list[DatabaseCollector] = []
+"""The database collector being served (at most one)."""
+
+
 def serve_database_measures(dsn: str) -> None:
     """Serve the database measures of `rota.metrics` for `dsn` (replacing any earlier one)."""
-    for collector in list(REGISTRY._collector_to_names):
-        if isinstance(collector, DatabaseCollector):
-            REGISTRY.unregister(collector)
-    REGISTRY.register(DatabaseCollector(dsn))
+    while _database:
+        REGISTRY.unregister(_database.pop())
+    collector = DatabaseCollector(dsn)
+    REGISTRY.register(collector)
+    _database.append(collector)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -78,7 +83,6 @@ async def serve(host: str, port: int) -> tuple[web.AppRunner, int]:
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server: Any = site._server
-    sockets = server.sockets if server is not None else ()
-    bound = sockets[0].getsockname()[1] if sockets else port
+    addresses: list[Any] = list(runner.addresses)
+    bound = addresses[0][1] if addresses else port
     return runner, int(bound)

@@ -81,7 +81,6 @@ def cmd_add(args: argparse.Namespace) -> int:
         priority=args.priority,
         timeout_seconds=args.timeout,
     )
-    schedule_store.validate(spec)
     row = schedule_store.upsert(database_url(), spec)
     local, utc = _instants(row["next_run_at"], row["timezone"])
     print(f"{row['name']}: next run {local} ({utc})")

@@ -8,16 +8,20 @@ left for now, then exits.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import threading
 from typing import Any
 
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
 from rota.cli.common import database_url, parse_duration
+from rota.errors import DatabaseUnavailable, MigrationError
 from rota.migrate import require_current
 from rota.reaper import Reaper, ReaperSettings
 from rota.scheduler import Scheduler
 from rota.services import Service, run_loop
+
+log = logging.getLogger("rota")
 
 
 def register(sub: Any) -> None:
@@ -40,13 +44,29 @@ def register(sub: Any) -> None:
 
 def _run(service: Service, once: bool) -> int:
     dsn = database_url()
-    require_current(dsn)
     stop = threading.Event()
-    if not once:
+    if once:
+        require_current(dsn)
+    else:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        _wait_until_usable(dsn, stop)
     run_loop(service, dsn, stop, once=once)
     return 0
+
+
+def _wait_until_usable(dsn: str, stop: threading.Event) -> None:
+    """Like a worker, a service started before its database (or its migration)
+    waits for it instead of exiting: 0.5 s doubling to 10 s between tries."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            require_current(dsn)
+            return
+        except (DatabaseUnavailable, MigrationError) as exc:
+            log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 10.0)
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:

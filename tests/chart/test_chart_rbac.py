@@ -25,6 +25,10 @@ API_CALLS: dict[str, list[Grant]] = {
     "patch_namespaced_deployment_scale": [("apps", "deployments/scale", "patch")],
     "patch_namespaced_custom_object_status": [("{group}", "{custom}/status", "patch")],
     "create_namespaced_event": [("", "events", "create")],
+    # The wait for peering lists CRDs and kopf's peering objects: kopf's own
+    # grants (below) already cover both.
+    "list_cluster_custom_object": [],
+    "list_namespaced_custom_object": [],
 }
 # kopf itself: list+watch to serve a resource, patch for finalizers and its
 # annotations, events for handler failures.

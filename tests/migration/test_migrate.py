@@ -89,5 +89,6 @@ def test_claiming_uses_the_ready_index_among_many_done_rows(conn: psycopg.Connec
         {"worker": "w", "limit": 10, "lease": 30, "types": None, "now": None},
     ).fetchall()
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
-    assert "job_ready_idx" in text or "job_ready_type_idx" in text, text
+    # job_claim_idx replaced job_ready_idx in migration 0004 (priorities).
+    assert "job_claim_idx" in text or "job_ready_type_idx" in text, text
     assert "Seq Scan on job" not in text, text
