@@ -135,7 +135,6 @@ class Soak:
         self.figures: Counter[str] = Counter(
             dict.fromkeys(("kills", "stops", "restarts", "service_kills", "cancels"), 0)
         )
-        self.figures["services_exited_at_start"] = 0
         self.action_seconds: list[tuple[str, float]] = []
         self.late: list[tuple[int, str, int]] = []
         """(job id, worker id, attempt) held by a worker when it was stopped."""
@@ -295,21 +294,6 @@ class Soak:
                 what=f"the late finisher {proc.pid} to try its {len(late)} completions",
             )
 
-    def supervise(self, restart: bool = True) -> None:
-        """Start again any reaper or scheduler that exited, as a Deployment would.
-
-        `rota reaper` and `rota scheduler` check the schema once at start and exit
-        when the database is not there (a service started slowly can meet a
-        restart); unlike `rota worker`, they do not wait for it.
-        """
-        for proc in list(self.fleet.procs):
-            if proc.name in ("reaper", "scheduler") and not proc.killed and not proc.alive():
-                assert "database unavailable" in proc.output(), proc.output()
-                proc.killed = True  # accounted for
-                self.figures["services_exited_at_start"] += 1
-                if restart:
-                    self.start_service(proc.name)
-
     def start_service(self, name: str) -> Proc:
         if name == "reaper":
             return self.fleet.start("reaper", "reaper", "--interval", "0.5")
@@ -352,7 +336,6 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
     for action in plan.actions:
         if time.monotonic() - chaos_began > plan.seconds:
             break
-        soak.supervise()
         soak.enqueue(batches.pop(0))
         acted = time.monotonic()
         soak.act(action)
@@ -385,7 +368,6 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
         timeout=plan.drain_seconds,
         what="every soak job to end",
     )
-    soak.supervise(restart=False)
     died = [p.log_path.name for p in fleet.procs if not p.killed and not p.alive()]
     codes = fleet.stop_all()
     assert not died, f"processes ended on their own during the soak: {died}"
