@@ -207,10 +207,11 @@ def test_workers_scheduler_and_operator_carry_on_after_the_standby_is_promoted(
         assert all(w.alive() for w in workers)
         assert len(fleet.alive("scheduler")) == len(fleet.alive("reaper")) == 1
     finally:
-        for collector in list(operator_metrics.REGISTRY._collector_to_names):
-            if isinstance(collector, DatabaseCollector):
-                operator_metrics.REGISTRY.unregister(collector)
-                collector.close_connection()
+        # Stop serving this test's database measures (the server goes away).
+        while operator_metrics._database:
+            collector = operator_metrics._database.pop()
+            operator_metrics.REGISTRY.unregister(collector)
+            collector.close_connection()
         codes = fleet.stop_all()
     assert list(codes.values()) == [0] * len(codes)
 
