@@ -113,3 +113,16 @@ def test_load_soak_refuses_a_bad_rate() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "must be positive" in done.stderr
+
+
+def test_plan_findings_show_every_hot_statement(tmp_path: Path) -> None:
+    out = tmp_path / "findings.json"
+    run_module("bench.findings", "--skip-drains", "--done-rows", "0", "--json", str(out))
+    plans = json.loads(out.read_text())["plans"]
+    for name in ("claim_jobs", "extend_leases", "finish_jobs"):
+        entry = plans[name]
+        assert entry["generic_plan"].startswith("Update on job")
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            assert "Execution Time" in entry[mode]["plan"]
+        assert len(entry["calls_ms"]) == 20 and len(entry["executed_plans"]) == 20
+        assert set(entry["prepared"]) == {"generic_plans", "custom_plans"}
