@@ -1,4 +1,4 @@
-"""`make bench`: Rota, pgqueuer and procrastinate side by side on one PostgreSQL.
+"""`make bench`: Rota and pgqueuer (asyncio, uvloop) side by side on one PostgreSQL.
 
 Starts a throwaway PostgreSQL server with its default durability (fsync and
 synchronous_commit on), gives every measurement a fresh database on it, and
@@ -7,7 +7,8 @@ pgqueuer setup (asyncio or uvloop) beside the goals. Drains and latencies are
 repeated in rounds, the queues taking turns within each round, so that all of
 them see the same machine; a cell shows the median of the rounds and, in
 brackets, the lowest and highest. The peers are measured only when they are
-installed (`make bench` installs them); `--only-rota` skips them.
+installed (`make bench` installs them); `--only-rota` skips them, and
+`--peers pgqueuer,pgqueuer-uvloop,procrastinate` adds procrastinate.
 
     python -m bench.run [--rounds 3] [--jobs 20000] [--quick] [--json results.json]
 """
@@ -50,7 +51,10 @@ class Plan:
     procrastinate_jobs: int = 4_000
     """procrastinate fetches and finishes one job per transaction: a smaller drain
     tells the same story in a fraction of the time (measured in the first round only)."""
-    peers: tuple[str, ...] = ("pgqueuer", "pgqueuer-uvloop", "procrastinate")
+    peers: tuple[str, ...] = ("pgqueuer", "pgqueuer-uvloop")
+    """procrastinate is left out by default (`--peers` takes it): it finishes one job
+    per transaction, drains 20-100 times slower than either, and its drain alone
+    took more than a minute of the run on the shared machine."""
 
     @classmethod
     def quick(cls, **changes: Any) -> Plan:
@@ -460,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--done-rows", type=int, help=f"done rows beside the crowded drain ({defaults.done_rows:,})"
     )
-    parser.add_argument("--peers", help="comma-separated: " + ",".join(defaults.peers))
+    parser.add_argument(
+        "--peers", help="comma-separated, of " + ",".join(PEERS) + f" ({','.join(defaults.peers)})"
+    )
     parser.add_argument("--only-rota", action="store_true")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)

@@ -1,6 +1,9 @@
 """`make soak-load`: Rota under a steady load for a long while, sampled as it goes.
 
-A producer enqueues no-op jobs one per transaction at a steady rate; worker
+Producers enqueue no-op jobs one per transaction at a steady rate (several
+connections, as an application's requests would; with synchronous commit each
+enqueue waits for the disk, so one connection alone cannot hold a high rate on
+a slow disk); worker
 processes drain them with the scheduler and reaper on, so the built-in
 ``rota/archive`` schedule runs as it would in production, here with a short
 retention in its payload so that archiving really moves rows during the run.
@@ -10,7 +13,7 @@ delays (``started_at - created_at``, both from the database clock) of the jobs
 that started since the previous sample. The curve is printed as a table and
 written as JSON.
 
-    python -m bench.soak_load [--minutes 20] [--rate 200] [--json bench/results/soak-load.json]
+    python -m bench.soak_load [--minutes 20] [--rate 200] [--producers 4] [--json PATH]
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ class Producer(threading.Thread):
         self.halt = threading.Event()
         self.sent = 0
         self.behind = 0.0
-        """The largest lag behind the timetable seen (seconds)."""
+        """How far behind the timetable the latest enqueue was (seconds)."""
+        self.worst = 0.0
+        """The furthest behind it ever was."""
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -87,11 +92,44 @@ class Producer(threading.Thread):
                     if lag < 0:
                         self.halt.wait(-lag)
                         continue
-                    self.behind = max(self.behind, lag)
+                    self.behind, self.worst = lag, max(self.worst, lag)
                     rota.enqueue(conn, "bench.noop", {"i": self.sent})
                     self.sent += 1
         except BaseException as exc:  # reported by the main thread
             self.error = exc
+
+
+class Producers:
+    """`count` producers sharing a rate."""
+
+    def __init__(self, dsn: str, rate: float, count: int) -> None:
+        self.each = [Producer(dsn, rate / count) for _ in range(count)]
+
+    def start(self) -> None:
+        for p in self.each:
+            p.start()
+
+    def stop(self) -> None:
+        for p in self.each:
+            p.halt.set()
+        for p in self.each:
+            p.join(10)
+
+    @property
+    def sent(self) -> int:
+        return sum(p.sent for p in self.each)
+
+    @property
+    def behind(self) -> float:
+        return max(p.behind for p in self.each)
+
+    @property
+    def worst(self) -> float:
+        return max(p.worst for p in self.each)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((p.error for p in self.each if p.error is not None), None)
 
 
 def set_archive(dsn: str, retention: float, cron: str) -> None:
@@ -126,6 +164,7 @@ def soak(
     concurrency: int,
     retention: float,
     cron: str,
+    producers: int = 4,
     say: Any = print,
 ) -> dict[str, Any]:
     rota.migrate(dsn)
@@ -134,7 +173,7 @@ def soak(
     command = rota_bench.worker_command(concurrency)
     command = [c for c in command if c not in ("--no-scheduler", "--no-reaper")]
     processes = [spawn(command, env) for _ in range(workers)]
-    producer = Producer(dsn, rate)
+    producer = Producers(dsn, rate, producers)
     samples: list[dict[str, Any]] = []
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         try:
@@ -174,12 +213,12 @@ def soak(
                     None if cpu is None or cpu_now is None else round(cpu_now - cpu, 2)
                 )
                 found["enqueued"] = producer.sent
+                found["producer_lag_s"] = round(producer.behind, 3)
                 samples.append(found)
                 say(_row(found))
                 last, cpu = now, cpu_now
         finally:
-            producer.halt.set()
-            producer.join(10)
+            producer.stop()
             stop(processes)
     return {
         "settings": {
@@ -190,10 +229,11 @@ def soak(
             "concurrency": concurrency,
             "archive_cron": cron,
             "retention_s": retention,
+            "producers": producers,
             "enqueue": "one job per transaction (rota.enqueue)",
         },
         "enqueued": producer.sent,
-        "producer_max_lag_s": round(producer.behind, 3),
+        "producer_max_lag_s": round(producer.worst, 3),
         "samples": samples,
     }
 
@@ -209,7 +249,7 @@ def _cpu(postmaster: int | None) -> float | None:
 
 HEADER = (
     "| min | table MB | indexes MB | live | dead | autovacuums | ready | archived "
-    "| started/s | p50 ms | p99 ms | max ms | server CPU % |"
+    "| started/s | p50 ms | p99 ms | max ms | server CPU % | enqueue lag s |"
 )
 
 
@@ -224,7 +264,7 @@ def _row(s: dict[str, Any], window: float | None = None) -> str:
         f"| {s['index_bytes'] / 2**20:.1f} | {s['n_live_tup']:,} | {s['n_dead_tup']:,} "
         f"| {s['autovacuum_count']} | {s['ready']:,} | {s['archived']:,} | {started:,.0f} "
         f"| {_f(s['p50_ms'])} | {_f(s['p99_ms'])} | {_f(s['max_ms'])} "
-        f"| {'-' if cpu is None else f'{cpu:.1f}'} |"
+        f"| {'-' if cpu is None else f'{cpu:.1f}'} | {s.get('producer_lag_s', 0):.1f} |"
     )
 
 
@@ -271,6 +311,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "first_half": median("p99_ms", first),
             "second_half": median("p99_ms", second),
         },
+        "enqueued_per_s": (samples[-1]["enqueued"] / samples[-1]["elapsed_s"] if samples else 0.0),
         "autovacuums": int(samples[-1]["autovacuum_count"]) if samples else 0,
         "archived": int(samples[-1]["archived"]) if samples else 0,
     }
@@ -281,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=200.0, help="jobs enqueued per second")
     parser.add_argument("--sample-seconds", type=float, default=30.0)
+    parser.add_argument("--producers", type=int, default=4, help="enqueueing connections")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument(
@@ -289,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archive-cron", default="*/5 * * * *", help="the built-in schedule's")
     parser.add_argument("--json", metavar="PATH", help="also write the curve as JSON")
     args = parser.parse_args(argv)
-    if args.minutes <= 0 or args.rate <= 0 or args.sample_seconds <= 0 or args.workers < 1:
-        parser.error("--minutes, --rate, --sample-seconds and --workers must be positive")
+    if min(args.minutes, args.rate, args.sample_seconds, args.workers, args.producers) <= 0:
+        parser.error("--minutes, --rate, --sample-seconds, --workers, --producers must be positive")
     logging.basicConfig(level=logging.WARNING)
 
     from bench.server import postmaster_pid
@@ -308,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             args.concurrency,
             args.retention,
             args.archive_cron,
+            args.producers,
             say=lambda line: print(line, flush=True),
         )
     result["machine"] = f"{platform.machine()}, Python {platform.python_version()}"

@@ -97,6 +97,7 @@ def test_load_soak_samples_every_field(tmp_path: Path) -> None:
         "table_bytes", "index_bytes", "total_bytes", "n_live_tup", "n_dead_tup",
         "last_autovacuum", "autovacuum_count", "ready", "running", "archived",
         "started", "p50_ms", "p99_ms", "max_ms", "elapsed_s", "server_cpu_s", "enqueued",
+        "producer_lag_s",
     }  # fmt: skip
     for sample in result["samples"]:
         assert fields <= set(sample)
