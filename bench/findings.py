@@ -227,7 +227,7 @@ def rota_drain(
     command = rota_bench.worker_command(100)
     return timed_drain(
         dsn,
-        rota_bench.REMAINING,
+        (rota_bench.REMAINING, rota_bench.ANY_LEFT),
         jobs,
         lambda: [spawn(command, env) for _ in range(processes)],
         "rota worker, concurrency 100" + (", force_custom_plan" if custom else ""),
@@ -251,7 +251,7 @@ def raw_drain(
         command.append("--custom-plans")
     return timed_drain(
         dsn,
-        rota_bench.REMAINING,
+        (rota_bench.REMAINING, rota_bench.ANY_LEFT),
         jobs,
         lambda: [spawn(command) for _ in range(processes)],
         f"raw loop, {mode}, batch {batch}" + (", force_custom_plan" if custom else ""),

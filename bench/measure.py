@@ -148,14 +148,19 @@ def crashed(processes: Sequence[subprocess.Popen[bytes]]) -> str | None:
 
 def timed_drain(
     dsn: str,
-    remaining_sql: str,
+    remaining: tuple[str, str],
     jobs: int,
     start: Callable[[], list[subprocess.Popen[bytes]]],
     settings: str,
     server: Server | None = None,
     timeout: float = 600.0,
 ) -> Drain:
-    """Start the workers and count down `remaining_sql` until it reaches zero.
+    """Start the workers and watch the queue until no job is left.
+
+    `remaining` is a count of the jobs left and a cheaper query that tells only
+    whether any is left: the count runs until the first progress shows (the
+    rate is measured from there), then the existence check, so the watching
+    connection costs the server little, whatever the queue.
 
     With `server`, also what the server spent: CPU and WAL from spawning the
     workers to the count that reads zero, commits from spawning until the
@@ -177,7 +182,7 @@ def timed_drain(
         try:
             while True:
                 now = time.perf_counter()
-                left = _count(conn, remaining_sql)
+                left = _count(conn, remaining[0] if first is None else remaining[1])
                 polls += 1
                 if first is None and left < jobs:
                     first = (now, left)

@@ -49,6 +49,7 @@ class Peer:
 
     name: str
     remaining_sql: str
+    any_left_sql: str
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
@@ -118,7 +119,7 @@ class Peer:
         self.enqueue_rate(jobs, one_by_one=False)
         return timed_drain(
             self.dsn,
-            self.remaining_sql,
+            (self.remaining_sql, self.any_left_sql),
             jobs,
             lambda: [self.spawn_worker() for _ in range(processes)],
             self.settings(),
@@ -129,6 +130,7 @@ class Peer:
 class PgQueuer(Peer):
     name = "pgqueuer"
     remaining_sql = "SELECT count(*) FROM pgqueuer"
+    any_left_sql = "SELECT EXISTS (SELECT FROM pgqueuer)"
 
     def __init__(self, dsn: str, batch_size: int = 100) -> None:
         super().__init__(dsn)
@@ -185,6 +187,9 @@ class PgQueuerUvloop(PgQueuer):
 class Procrastinate(Peer):
     name = "procrastinate"
     remaining_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    any_left_sql = (
+        "SELECT EXISTS (SELECT FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))"
+    )
 
     def __init__(self, dsn: str, concurrency: int = 10) -> None:
         super().__init__(dsn)

@@ -18,7 +18,17 @@ from rota import db
 NewDatabase = Callable[[str], str]
 """Creates an empty database with the given name and returns its URL."""
 
-REMAINING = "SELECT count(*) FROM rota.job WHERE status IN ('ready', 'running')"
+# Each count walks one partial index: `status IN ('ready', 'running')` can use
+# neither, and beside 2,000,000 done rows it was a parallel scan of the whole
+# table every 50 ms, which the measured server CPU counted against Rota.
+REMAINING = (
+    "SELECT (SELECT count(*) FROM rota.job WHERE status = 'ready')"
+    " + (SELECT count(*) FROM rota.job WHERE status = 'running') AS count"
+)
+ANY_LEFT = (
+    "SELECT EXISTS (SELECT FROM rota.job WHERE status = 'ready')"
+    " OR EXISTS (SELECT FROM rota.job WHERE status = 'running')"
+)
 BATCH = 1000
 
 
@@ -89,7 +99,7 @@ def drain(
     enqueue_batches(dsn, jobs)
     return timed_drain(
         dsn,
-        REMAINING,
+        (REMAINING, ANY_LEFT),
         jobs,
         lambda: start_workers(dsn, processes, concurrency),
         f"concurrency {concurrency} per process (claims up to the free slots)",
