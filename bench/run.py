@@ -10,7 +10,7 @@ brackets, the lowest and highest. The peers are measured only when they are
 installed (`make bench` installs them); `--only-rota` skips them, and
 `--peers pgqueuer,pgqueuer-uvloop,procrastinate` adds procrastinate.
 
-    python -m bench.run [--rounds 3] [--jobs 20000] [--quick] [--json results.json]
+    python -m bench.run [--rounds 2] [--jobs 20000] [--quick] [--json results.json]
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Plan:
     latency_jobs: int = 200
     gap: float = 0.015
     concurrency: int = 100
-    rounds: int = 3
+    rounds: int = 2
+    """Two keep `make bench` near five minutes on the 2-core machine; more narrow the spread."""
     done_rows: int = 2_000_000
     procrastinate_jobs: int = 4_000
     """procrastinate fetches and finishes one job per transaction: a smaller drain

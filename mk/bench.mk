@@ -14,7 +14,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt $(BENCH_PEERS)
 	rm -f $(VENV)/.bench-* && touch $@
 
-bench: $(BENCH_STAMP) ## Rota against pgqueuer (asyncio, uvloop): drain, server CPU, WAL, commits, latency (about 5 minutes; BENCH_ARGS="--quick" or "--help")
+bench: $(BENCH_STAMP) ## Rota against pgqueuer (asyncio, uvloop): drain, server CPU, WAL, commits, latency (about 5 minutes; BENCH_ARGS="--quick", "--rounds 3" or "--help")
 	mkdir -p bench/results
 	$(BIN)/python -m bench.run --json bench/results/latest.json $(BENCH_ARGS)
 
