@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,23 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def probe(port: int, path: str) -> int | None:
+    """The HTTP status a worker's probe answers (None when nothing answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
 
 
 def kill_leftovers() -> None:

@@ -4,9 +4,6 @@ isolation), cancellation, pause and resume, priorities, and bad input."""
 from __future__ import annotations
 
 import os
-import socket
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +11,7 @@ import psycopg
 import pytest
 
 import rota
-from tests.acceptance.procs import WorkerProcess, wait_for
+from tests.acceptance.procs import WorkerProcess, free_port, probe, wait_for
 from tests.acceptance.procs import rota as run_rota
 
 
@@ -36,20 +33,8 @@ def tables(conn: psycopg.Connection[Any]) -> None:
     conn.execute("CREATE TABLE gate (job_id bigint PRIMARY KEY)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def healthz(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
+def healthz(port: int) -> int | None:
+    return probe(port, "/healthz")
 
 
 def test_hung_async_handlers_time_out_and_the_quick_jobs_flow(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,22 +18,6 @@ def own_server() -> Iterator[EmbeddedPostgres]:
     """A server of this test's own: stopping it must not disturb other tests."""
     with EmbeddedPostgres() as pg:
         yield pg
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def probe(port: int, path: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 def done_count(url: str, job_type: str) -> int | None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,6 +25,7 @@ from rota_worker.link import Link
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
+from tests.acceptance.procs import wait_for
 
 
 @pytest.fixture
@@ -39,16 +39,6 @@ def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     found = conn.execute("SELECT * FROM rota.job WHERE id = %s", (job_id,)).fetchone()
     assert found is not None
     return dict(found)
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_url, io) -> None:
@@ -139,12 +129,12 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        wait_until(lambda: started == [1], "attempt 1 to start")
+        wait_for(lambda: started == [1], what="attempt 1 to start")
         conn.execute("UPDATE rota.job SET locked_until = now() - interval '1 second'")
         assert Reaper().run_once(conn).requeued == [job_id]
         # The heartbeat finds attempt 1's lease gone and stops it; the slot is free
         # again, and the same worker claims attempt 2.
-        wait_until(lambda: started == [1, 2], "attempt 2 to start in the same worker")
+        wait_for(lambda: started == [1, 2], what="attempt 2 to start in the same worker")
         assert row(conn, job_id)["locked_by"] == worker.worker_id
         release[1].set()  # attempt 1's thread returns late: it must not disturb attempt 2
         seen: list[Any] = []
@@ -155,10 +145,10 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
                 seen.append(until)
             return len(seen) >= 3
 
-        wait_until(renewed_twice, "attempt 2's lease to be renewed twice")
+        wait_for(renewed_twice, what="attempt 2's lease to be renewed twice")
         assert [e.key for e in worker.leases.running] == [(job_id, 2)]
         release[2].set()
-        wait_until(lambda: row(conn, job_id)["status"] == "done", "the job to be done")
+        wait_for(lambda: row(conn, job_id)["status"] == "done", what="the job to be done")
         assert (row(conn, job_id)["attempts"], started) == (2, [1, 2])
     finally:
         release[1].set()
