@@ -24,6 +24,11 @@ from rota.errors import RotaError
 
 log = logging.getLogger("rota.services")
 
+IDLE_WAIT_FLOOR_SECONDS = 0.5
+"""After a pass that acted on nothing, wait at least this long, whatever
+`next_wait` says: work that looks due but is held by another process (a row
+locked by a scheduler that froze mid-pass) must not make a loop spin."""
+
 
 class Result(Protocol):
     """What one pass of a service did."""
@@ -82,7 +87,7 @@ def run_loop(
                     if not result.capped:
                         return results
                 elif not result.capped:
-                    _wait(service, conn, stop)
+                    _wait(service, conn, stop, idle=not result.count)
             except RotaError as exc:
                 if once:
                     raise
@@ -113,9 +118,10 @@ def _connect(service: Service, dsn: str) -> db.Conn:
     return conn
 
 
-def _wait(service: Service, conn: db.Conn, stop: threading.Event) -> None:
+def _wait(service: Service, conn: db.Conn, stop: threading.Event, idle: bool) -> None:
     """Until the next pass is due, `stop` is set or the wake channel is notified."""
-    end = time.monotonic() + service.next_wait(conn)
+    wait = service.next_wait(conn)
+    end = time.monotonic() + (max(wait, IDLE_WAIT_FLOOR_SECONDS) if idle else wait)
     if service.wake_channel is None:
         stop.wait(max(0.0, end - time.monotonic()))
         return
