@@ -107,7 +107,11 @@ def _families(status: QueueStatus | None) -> list[Metric]:
         "Slots a schedule missed while no scheduler ran.",
         labels=["schedule"],
     )
+    live_workers = GaugeMetricFamily(
+        "rota_workers", "Live workers: registered in rota.worker, their rows not expired."
+    )
     if status is not None:
+        live_workers.add_metric([], status.workers)
         for job_type, measures in status.types.items():
             age.add_metric([job_type], measures.oldest_ready_age_seconds)
             running.add_metric([job_type], measures.running)
@@ -117,7 +121,7 @@ def _families(status: QueueStatus | None) -> list[Metric]:
         expired.add_metric([], status.lease_expirations.total)
         for schedule in status.schedules:
             missed.add_metric([schedule.name], schedule.missed_slots)
-    return [age, jobs, running, dead, expired, missed]
+    return [age, jobs, running, dead, expired, missed, live_workers]
 
 
 class DatabaseCollector:

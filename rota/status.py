@@ -75,6 +75,8 @@ class QueueStatus:
     types: dict[str, TypeStatus]
     lease_expirations: LeaseExpirations
     schedules: tuple[ScheduleStatus, ...] = ()
+    workers: int = 0
+    """Live workers: registered in rota.worker, their rows not expired."""
 
     @property
     def dead_jobs(self) -> int:
@@ -117,6 +119,7 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         leases = fetch_all(conn, sql.query("metrics_lease_expirations"), params)[0]
         by_hour = fetch_all(conn, sql.query("metrics_lease_expirations_by_hour"), params)
         schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
+        workers = fetch_all(conn, sql.query("worker_live_count"), params)[0]["workers"]
     return QueueStatus(
         now=leases["now"],
         types=_types(counts),
@@ -128,6 +131,7 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
             by_hour=tuple(HourCount(r["hour"], int(r["count"])) for r in by_hour),
         ),
         schedules=tuple(ScheduleStatus(**row) for row in schedules),
+        workers=int(workers),
     )
 
 
@@ -248,6 +252,7 @@ def render(status: QueueStatus, found: Sequence[str] = ()) -> str:
         f"{leases.previous_hour} the hour before, {leases.last_24h} in 24 h, "
         f"{leases.total} in all\n"
     )
+    parts.append(f"Workers alive: {status.workers}\n")
     if status.schedules:
         parts.append("\n" + _table(_schedule_rows(status)))
     parts.append(
