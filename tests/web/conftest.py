@@ -15,7 +15,7 @@ import pytest
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 from starlette.testclient import TestClient  # noqa: E402
 
-from rota.web import AuthSettings, WebSettings, create_app
+from rota.web import AuthSettings, WebSettings, create_app  # noqa: E402
 
 TOKEN = "s3cret-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
