@@ -22,10 +22,10 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 HTML = {"Accept": "text/html"}
 
 
-def make_client(db_url: str, **settings: Any) -> TestClient:
+def make_client(db_url: str, client: tuple[str, int] | None = None, **settings: Any) -> TestClient:
     auth = settings.pop("auth", AuthSettings(token=TOKEN))
     app = create_app(WebSettings(dsn=db_url, auth=auth, sample_seconds=0, **settings))
-    return TestClient(app, base_url="http://console.test")
+    return TestClient(app, base_url="http://console.test", client=client or ("10.9.9.9", 50000))
 
 
 @pytest.fixture
