@@ -23,7 +23,10 @@ WITH win AS (
                     OR created_at >= %(created_from)s::timestamptz)
                AND (%(created_to)s::timestamptz IS NULL
                     OR created_at < %(created_to)s::timestamptz)))
-    ORDER BY id DESC
+    -- For the few rows of a status other than done, `sorted` turns the sort
+    -- key into an expression: the planner then reads that status's partial
+    -- index and sorts, instead of walking the primary key past the done rows.
+    ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
     LIMIT %(scan)s
 ),
 hits AS (
@@ -53,19 +56,19 @@ WITH win AS (
     WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
       AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
       AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-    ORDER BY id DESC
+    ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
     LIMIT %(scan)s
 )
 SELECT count(*) AS scanned, min(id) AS scanned_to FROM win
 
 -- name: web_bulk_ids
--- Every job a filter matches among the statuses an action applies to (the
--- few ready, running or ended rows, found by their partial indexes), locked
--- for the action that follows in the same transaction.
+-- Every job of one status (`one`, a status an action applies to: the few
+-- ready, running or ended rows, found by their partial index) that a filter
+-- matches, locked for the action that follows in the same transaction. One
+-- status per statement, so that each walks its own partial index.
 SELECT id
 FROM rota.job
-WHERE status = ANY(%(statuses)s::text[])
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+WHERE status = %(one)s::text
   AND (%(type)s::text IS NULL OR type = %(type)s::text)
   AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
@@ -81,8 +84,7 @@ SELECT count(*) AS jobs
 FROM (
     SELECT 1
     FROM rota.job
-    WHERE status = ANY(%(statuses)s::text[])
-      AND (%(status)s::text IS NULL OR status = %(status)s::text)
+    WHERE status = %(one)s::text
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
       AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
@@ -106,19 +108,25 @@ SELECT * FROM rota.schedule WHERE id = %(id)s
 
 -- name: web_dead_groups
 -- Dead letters by type and error class (the name before the first colon of
--- last_error), the biggest groups first; reads the dead rows only.
-SELECT type,
-       coalesce(substring(last_error FROM '^[A-Za-z_][A-Za-z0-9_.]*'), '') AS error_class,
-       count(*) AS jobs,
-       min(finished_at) AS first_at,
-       max(finished_at) AS last_at,
-       max(id) AS latest_id,
-       left(split_part((array_agg(last_error ORDER BY id DESC))[1], E'\n', 1), 200) AS sample
-FROM rota.job
-WHERE status = 'dead'
-GROUP BY 1, 2
-ORDER BY jobs DESC, type, error_class
-LIMIT %(limit)s
+-- last_error), the biggest groups first; reads the dead rows only, and the
+-- latest job of each group for a sample of its error.
+WITH groups AS (
+    SELECT type,
+           coalesce(substring(last_error FROM '^[A-Za-z_][A-Za-z0-9_.]*'), '') AS error_class,
+           count(*) AS jobs,
+           min(finished_at) AS first_at,
+           max(finished_at) AS last_at,
+           max(id) AS latest_id
+    FROM rota.job
+    WHERE status = 'dead'
+    GROUP BY 1, 2
+    ORDER BY jobs DESC, type, error_class
+    LIMIT %(limit)s
+)
+SELECT g.*, left(split_part(j.last_error, E'\n', 1), 200) AS sample
+FROM groups AS g
+JOIN rota.job AS j ON j.id = g.latest_id
+ORDER BY g.jobs DESC, g.type, g.error_class
 
 -- name: web_dead_group_ids
 SELECT id

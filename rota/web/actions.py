@@ -135,23 +135,26 @@ def set_priority(
     return Done("priority", len(changed), f"job {job_id} has priority {priority}")
 
 
-def _bulk_params(bulk: Bulk, found: JobFilter, now: datetime | None) -> dict[str, Any]:
-    if found.status is not None and found.status not in bulk.statuses:
+def _statuses(bulk: Bulk, found: JobFilter) -> list[Status]:
+    if found.status is None:
+        return list(bulk.statuses)
+    if found.status not in bulk.statuses:
         allowed = ", ".join(bulk.statuses)
         raise InvalidInput(f"{bulk.name} applies to {allowed} jobs, not to {found.status} ones")
-    return {
-        **found.params(),
-        "statuses": [s.value for s in bulk.statuses],
-        "delayed": bulk.delayed,
-        "now": now,
-        "cap": BULK_CAP,
-    }
+    return [found.status]
+
+
+def _bulk_params(bulk: Bulk, found: JobFilter, now: datetime | None) -> dict[str, Any]:
+    return {**found.params(), "delayed": bulk.delayed, "now": now, "cap": BULK_CAP}
 
 
 def bulk_count(conn: Conn, bulk: Bulk, found: JobFilter, now: datetime | None = None) -> int:
     """How many jobs the bulk action would change now (up to BULK_CAP + 1)."""
     params = _bulk_params(bulk, found, now)
-    return int(fetch_all(conn, sql.query("web_bulk_count"), params)[0]["jobs"])
+    return sum(
+        int(fetch_all(conn, sql.query("web_bulk_count"), {**params, "one": s})[0]["jobs"])
+        for s in _statuses(bulk, found)
+    )
 
 
 def bulk_apply(
@@ -163,14 +166,19 @@ def bulk_apply(
     now: datetime | None = None,
 ) -> Done:
     params = _bulk_params(bulk, found, now)
+    statuses = _statuses(bulk, found)
     if bulk.name == "priority" and priority is None:
         raise InvalidInput("give the new priority (0 runs first, 9 last)")
     with conn.transaction():
-        ids = [r["id"] for r in fetch_all(conn, sql.query("web_bulk_ids"), params)]
+        ids = [
+            r["id"]
+            for s in statuses
+            for r in fetch_all(conn, sql.query("web_bulk_ids"), {**params, "one": s})
+        ]
         if len(ids) >= BULK_CAP:
             raise InvalidInput(f"the filter matches {BULK_CAP} jobs or more: narrow it down")
         rows = _bulk_change(conn, bulk, ids, priority, now) if ids else 0
-        target: dict[str, Any] = {"filter": found.form(), "statuses": params["statuses"]}
+        target: dict[str, Any] = {"filter": found.form(), "statuses": [*statuses]}
         if priority is not None:
             target["priority"] = priority
         _audit(conn, who, f"bulk-{bulk.name}", target, rows, now)

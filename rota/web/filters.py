@@ -20,7 +20,7 @@ from rota.jobs import Status
 MAX_ID = 2**63 - 1
 PAGE_SIZES = range(1, 201)
 DEFAULT_PAGE_SIZE = 50
-SCAN_ROWS = 20_000
+SCAN_ROWS = 10_000
 """Rows a filter on type, payload or time examines per page at most."""
 MAX_TEXT = 500
 """Longest filter value accepted (a type, a key, a payload expression)."""

@@ -14,7 +14,7 @@ from typing import Any
 from rota import cron, schedule_store, sql, workers
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound
-from rota.jobs import Job
+from rota.jobs import Job, Status
 from rota.status import QueueStatus, read_status
 from rota.web.charts import Series, series
 from rota.web.filters import SCAN_ROWS, JobFilter
@@ -77,7 +77,10 @@ class JobPage:
 def job_page(conn: Conn, found: JobFilter, before: int | None, limit: int) -> JobPage:
     bounded = found.bounded
     scan = SCAN_ROWS if bounded else limit + 1
-    params = {**found.params(), "before": before, "bounded": bounded, "scan": scan}
+    sorted_ = found.status is not None and found.status != Status.DONE
+    params = {
+        **found.params(), "before": before, "bounded": bounded, "scan": scan, "sorted": sorted_,
+    }  # fmt: skip
     rows = fetch_all(conn, sql.query("web_jobs_page"), {**params, "limit": limit + 1})
     if rows:
         scanned, scanned_to = int(rows[0]["scanned"]), rows[0]["scanned_to"]
