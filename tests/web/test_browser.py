@@ -112,7 +112,7 @@ def seed(conn: Any) -> dict[str, int]:
             timeout_seconds=30,
             started_at=now - timedelta(seconds=3),
             finished_at=now,
-        ),  # fmt: skip
+        ),
         "running": add_job(
             conn,
             "report",
@@ -121,7 +121,7 @@ def seed(conn: Any) -> dict[str, int]:
             attempts=1,
             locked_until=now + timedelta(seconds=30),
             started_at=now,
-        ),  # fmt: skip
+        ),
     }
     conn.execute(
         "INSERT INTO rota.job_effect (job_key, effect, result)"
@@ -133,7 +133,7 @@ def seed(conn: Any) -> dict[str, int]:
     add_job(conn, "mail", "dead", last_error="ValueError: no address", payload=Jsonb({}))
     for n in range(12):
         add_job(conn, "mail", "done", payload=Jsonb({"to": f"u{n}@example.com"}))
-    for n in range(4):
+    for _ in range(4):
         add_job(conn, "report", "ready", run_at=now + timedelta(hours=1))
     return ids
 
