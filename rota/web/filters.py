@@ -40,8 +40,12 @@ class JobFilter:
 
     @property
     def bounded(self) -> bool:
-        """True when some filter is applied to a bounded window of rows."""
-        return any(
+        """True when the type, payload and time filters apply to a bounded window of
+        rows: when they would otherwise walk the done rows, the bulk of the table. The
+        rows of any other status are few, read from their partial index, and filtered
+        in full."""
+        small = self.status is not None and self.status != Status.DONE
+        return not small and any(
             v is not None for v in (self.type, self.payload, self.created_from, self.created_to)
         )
 
