@@ -59,6 +59,9 @@ class LiveWorker:
     seen_at: datetime
     expires_at: datetime
     jobs: tuple[RunningJob, ...] = ()
+    """The first of the jobs it runs now (see `live`)."""
+    running: int = 0
+    """How many jobs it runs now."""
 
 
 def _params(info: WorkerInfo, ttl: float, now: datetime | None) -> dict[str, Any]:
@@ -116,10 +119,11 @@ def expire(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> list[str]:
         return [r["id"] for r in fetch_all(conn, sql.query("worker_expire"), {"now": now})]
 
 
-def live(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> list[LiveWorker]:
-    """The workers alive now, oldest first, each with its running jobs."""
+def live(conn_or_dsn: ConnOrDsn, now: datetime | None = None, shown: int = 20) -> list[LiveWorker]:
+    """The workers alive now, oldest first, each with how many jobs it runs and the
+    first `shown` of them."""
     with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("worker_list"), {"now": now})
+        rows = fetch_all(conn, sql.query("worker_list"), {"now": now, "shown": shown})
     return [_live(row) for row in rows]
 
 
@@ -148,8 +152,13 @@ def _live(row: dict[str, Any]) -> LiveWorker:
         )
         for j in row["jobs"]
     )
-    fields = {f.name for f in dataclasses.fields(LiveWorker)} - {"jobs", "types"}
-    return LiveWorker(**{k: row[k] for k in fields}, types=tuple(row["types"] or ()), jobs=jobs)
+    fields = {f.name for f in dataclasses.fields(LiveWorker)} - {"jobs", "types", "running"}
+    return LiveWorker(
+        **{k: row[k] for k in fields},
+        types=tuple(row["types"] or ()),
+        jobs=jobs,
+        running=int(row["running"]),
+    )
 
 
 def _instant(value: Any) -> datetime | None:

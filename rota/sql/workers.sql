@@ -31,18 +31,27 @@ WHERE expires_at < coalesce(%(now)s::timestamptz, now())
 RETURNING id
 
 -- name: worker_list
--- Live workers, each with what it runs now (its running rows, by locked_by).
+-- Live workers, each with what it runs now: how many running rows it holds
+-- (by locked_by) and the first few of them.
 SELECT w.id, w.host, w.pid, w.concurrency, w.types, w.started_at, w.seen_at, w.expires_at,
-       coalesce(r.jobs, '[]'::jsonb) AS jobs
+       coalesce(r.jobs, '[]'::jsonb) AS jobs, coalesce(n.running, 0) AS running
 FROM rota.worker AS w
 LEFT JOIN LATERAL (
-    SELECT jsonb_agg(jsonb_build_object('id', j.id, 'type', j.type, 'attempts', j.attempts,
-                                        'started_at', j.started_at,
-                                        'locked_until', j.locked_until)
-                     ORDER BY j.id) AS jobs
+    SELECT jsonb_agg(jsonb_build_object('id', f.id, 'type', f.type, 'attempts', f.attempts,
+                                        'started_at', f.started_at,
+                                        'locked_until', f.locked_until)
+                     ORDER BY f.id) AS jobs
+    FROM (SELECT id, type, attempts, started_at, locked_until
+          FROM rota.job AS j
+          WHERE j.status = 'running' AND j.locked_by = w.id
+          ORDER BY j.id
+          LIMIT %(shown)s) AS f
+) AS r ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS running
     FROM rota.job AS j
     WHERE j.status = 'running' AND j.locked_by = w.id
-) AS r ON true
+) AS n ON true
 WHERE w.expires_at >= coalesce(%(now)s::timestamptz, now())
 ORDER BY w.started_at, w.id
 

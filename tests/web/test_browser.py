@@ -159,6 +159,10 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn):
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / "console-overview.png"), full_page=True)
 
+    # The overview refreshes itself: a new type shows up without a reload.
+    add_job(conn, "invoice", "ready")
+    page.wait_for_selector("#types >> text=invoice", timeout=30_000)
+
     # Filter jobs by payload, open the one found.
     page.click("nav >> text=Jobs")
     page.fill("input[name=payload]", "to=ann@example.com")

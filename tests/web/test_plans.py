@@ -113,7 +113,7 @@ def test_no_console_query_reads_the_job_table_sequentially(million):
         ("retry_jobs", {"ids": [1, 2], "all": False, "statuses": ["dead"], "now": NOW}),
         ("cancel_jobs", {"ids": [1, 2], "type": None, "status": None, "now": NOW}),
         ("web_audit_page", {"before": None, "limit": 51}),
-        ("worker_list", {"now": NOW}),
+        ("worker_list", {"now": NOW, "shown": 20}),
         ("worker_live_count", {"now": NOW}),
         ("queue_samples", {"now": NOW, "minutes": 60}),
         ("queue_sample_record", {"now": NOW}),
