@@ -16,6 +16,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> i
         results = measure(dsn, ids, args.requests)
     say(table(results, args.jobs))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as out:
             json.dump({"jobs": args.jobs, "pages": results}, out, indent=2)
     return 0
