@@ -15,11 +15,15 @@ help: ## list the targets
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[worker,operator,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[worker,operator,web,dev]'
 	@# shellcheck checks the kind script; Debian's package, installed when we may.
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq shellcheck) >/dev/null 2>&1; } || \
 	  echo "note: shellcheck not installed; its test will be skipped"
+	@# Chromium runs the console's browser tests; Debian's package, installed when we may.
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
+	  echo "note: chromium not installed; the browser tests will be skipped"
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP) ## create .venv and install Rota with everything the tests need

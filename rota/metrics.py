@@ -112,7 +112,11 @@ def _families(status: QueueStatus | None) -> list[Metric]:
         "Slots a schedule missed while no scheduler ran.",
         labels=["schedule"],
     )
+    live_workers = GaugeMetricFamily(
+        "rota_workers", "Live workers: registered in rota.worker, their rows not expired."
+    )
     if status is not None:
+        live_workers.add_metric([], status.workers)
         for job_type, measures in status.types.items():
             age.add_metric([job_type], measures.oldest_ready_age_seconds)
             running.add_metric([job_type], measures.running)
@@ -126,7 +130,7 @@ def _families(status: QueueStatus | None) -> list[Metric]:
             paused.add_metric([job_type], 1 if measures.paused else 0)
         if "*" in status.paused:
             paused.add_metric(["*"], 1)
-    return [age, jobs, running, dead, expired, missed, paused]
+    return [age, jobs, running, dead, expired, missed, paused, live_workers]
 
 
 class DatabaseCollector:

@@ -79,6 +79,8 @@ class QueueStatus:
     schedules: tuple[ScheduleStatus, ...] = ()
     paused: tuple[str, ...] = ()
     """Paused job types; "*" means every type is paused."""
+    workers: int = 0
+    """Live workers: registered in rota.worker, their rows not expired."""
 
     @property
     def dead_jobs(self) -> int:
@@ -125,6 +127,7 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         by_hour = fetch_all(conn, sql.query("metrics_lease_expirations_by_hour"), params)
         schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
         paused = tuple(r["type"] for r in fetch_all(conn, sql.query("paused_types")))
+        workers = fetch_all(conn, sql.query("worker_live_count"), params)[0]["workers"]
     return QueueStatus(
         now=leases["now"],
         types=_types(counts, paused),
@@ -137,6 +140,7 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         ),
         schedules=tuple(ScheduleStatus(**row) for row in schedules),
         paused=paused,
+        workers=int(workers),
     )
 
 
@@ -263,6 +267,7 @@ def render(status: QueueStatus, found: Sequence[str] = ()) -> str:
         f"{leases.previous_hour} the hour before, {leases.last_24h} in 24 h, "
         f"{leases.total} in all\n"
     )
+    parts.append(f"Workers alive: {status.workers}\n")
     if "*" in status.paused:
         parts.append("\nEvery job type is PAUSED (rota resume --all lifts it)\n")
     if status.schedules:

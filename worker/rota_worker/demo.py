@@ -2,7 +2,8 @@
 
 Starts a throwaway server, migrates it, registers a few handlers (one flaky, one
 poisonous, so retries and dead letters show), adds two schedules, runs a worker
-in this process and redraws `rota status` until Ctrl-C (or --seconds).
+and the web console in this process and redraws `rota status` until Ctrl-C (or
+--seconds).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
+import socket
 import threading
 import time
 from typing import Any
@@ -71,6 +74,28 @@ def _status(dsn: str) -> str:
     return render(status, warnings(status, 60.0, 10))
 
 
+def _start_console(dsn: str) -> tuple[str, Any]:
+    """The web console on 127.0.0.1 (port 8080, or any free one): its address and server."""
+    try:
+        import uvicorn
+
+        from rota.web import AuthSettings, WebSettings, create_app
+    except ImportError:
+        return "(the console needs the web extra: pip install 'rota[web]')", None
+    token = f"demo-{secrets.token_urlsafe(8)}"
+    with socket.socket() as probe:
+        port = 8080 if probe.connect_ex(("127.0.0.1", 8080)) != 0 else 0
+    app = create_app(WebSettings(dsn=dsn, auth=AuthSettings(token=token)))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error")
+    server = uvicorn.Server(config)
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    bound = server.servers[0].sockets[0].getsockname()[1] if server.started else port
+    return f"http://127.0.0.1:{bound}/  (token: {token})", server
+
+
 def run_demo(seconds: float | None = None, refresh: float = 2.0) -> int:
     # Retries and dead letters show in the table; their log lines would scroll it away.
     logging.getLogger("rota").setLevel(logging.ERROR)
@@ -82,19 +107,24 @@ def run_demo(seconds: float | None = None, refresh: float = 2.0) -> int:
         worker = Worker(dsn, WorkerSettings(concurrency=8, poll_interval_seconds=0.5))
         thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
         thread.start()
+        console, server = _start_console(dsn)
         started = time.monotonic()
         try:
             while seconds is None or time.monotonic() - started < seconds:
                 _trickle(dsn)
                 print("\033[2J\033[H" + _status(dsn), flush=True)
                 print(f"Database: {dsn}   (Ctrl-C stops the demo)", flush=True)
+                print(f"Console: {console}", flush=True)
                 time.sleep(refresh)
         except KeyboardInterrupt:
             pass
         finally:
+            if server is not None:
+                server.should_exit = True
             worker.stop()
             thread.join(timeout=60)
         print(_status(dsn), flush=True)
+        print(f"Console was: {console}", flush=True)
     return 0
 
 

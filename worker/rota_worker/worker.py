@@ -22,7 +22,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -30,8 +30,9 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from rota import claim as claims
+from rota import workers
 from rota.claim import Attempt
-from rota.errors import DatabaseUnavailable, MigrationError
+from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
 from rota.metrics import build_registry
@@ -86,6 +87,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._jobs_notified = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
 
     def _default_services(self) -> list[Service]:
         wanted: list[tuple[bool, Service]] = [
@@ -124,6 +126,7 @@ class Worker:
         loops: list[asyncio.Task[None]] = []
         try:
             if await self._wait_until_usable(io):
+                await self._registry(links["heartbeat"], workers.register)
                 for service in self.services:
                     start_thread(service, self.dsn, services_stop)
                 loops = [
@@ -136,6 +139,8 @@ class Worker:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+            if loops:  # registered: take the row out again
+                await self._registry(links["heartbeat"], workers.deregister)
             listener.stop()
             services_stop.set()
             if probes is not None:
@@ -223,6 +228,18 @@ class Worker:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             await self.leases.beat(link)
+            await self._registry(link, workers.refresh)
+
+    async def _registry(self, link: Link, call: Callable[..., object]) -> None:
+        """This worker's row in rota.worker (register, refresh, deregister); never fatal."""
+        try:
+            await link.run(
+                call,
+                self.info,
+                max(workers.DEFAULT_TTL_SECONDS, 3 * self.settings.heartbeat_seconds),
+            )
+        except RotaError as exc:
+            log.warning("worker %s: cannot update rota.worker (%s)", self.worker_id, exc)
 
     # -- shutdown ---------------------------------------------------------------
     async def _shut_down(self) -> None:

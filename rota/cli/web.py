@@ -1,0 +1,109 @@
+"""`rota web`: serve the web console.
+
+The console's token comes from ROTA_WEB_TOKEN (sent as ``Authorization:
+Bearer <token>``, or typed once into the login page for a session cookie);
+ROTA_WEB_SECRET, when set, signs sessions and CSRF values instead of a key
+derived from the token. An auth proxy can vouch for users instead: its header
+is honoured only from the addresses given with --proxy-from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from rota.cli.common import UsageError, database_url
+
+if TYPE_CHECKING:
+    from rota.web import WebSettings
+
+log = logging.getLogger("rota.web")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("web", help="serve the web console")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=_port, default=8080, help="port to listen on (default 8080)")
+    parser.add_argument(
+        "--read-only", action="store_true", help="show everything, hide and refuse every action"
+    )
+    parser.add_argument(
+        "--proxy-header",
+        metavar="HEADER",
+        help="header with the user's name (e.g. X-Forwarded-User), trusted from --proxy-from only",
+    )
+    parser.add_argument(
+        "--proxy-groups-header",
+        metavar="HEADER",
+        help="header with the user's groups, comma-separated (e.g. X-Forwarded-Groups)",
+    )
+    parser.add_argument(
+        "--proxy-from",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="address or network the auth proxy connects from (repeatable)",
+    )
+    parser.add_argument(
+        "--operator",
+        action="append",
+        default=[],
+        metavar="USER_OR_GROUP",
+        help="proxy user or group that may act (repeatable); other proxy users only look",
+    )
+    parser.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--port is not a whole number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise UsageError(f"--port must be from 1 to 65535, not {value}")
+    return value
+
+
+def settings_from(args: argparse.Namespace) -> WebSettings:
+    """The console's settings from the arguments and the environment."""
+    try:
+        from rota.web import AuthSettings, WebSettings
+    except ImportError as exc:
+        raise UsageError(
+            f"the web console needs the 'web' extra: pip install 'rota[web]' ({exc})"
+        ) from None
+    if args.proxy_header and not args.proxy_from:
+        raise UsageError("--proxy-header needs --proxy-from: the addresses of the auth proxy")
+    secret = os.environ.get("ROTA_WEB_SECRET", "").encode()
+    try:
+        auth = AuthSettings(
+            token=os.environ.get("ROTA_WEB_TOKEN") or None,
+            secret=secret,
+            proxy_header=args.proxy_header,
+            proxy_groups_header=args.proxy_groups_header,
+            proxy_addresses=tuple(args.proxy_from),
+            operators=frozenset(args.operator),
+        )
+    except ValueError as exc:
+        raise UsageError(f"--proxy-from: {exc}") from None
+    return WebSettings(dsn=database_url(), auth=auth, read_only=args.read_only)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    import uvicorn
+
+    from rota.web import create_app
+
+    app = create_app(settings)
+    if not settings.auth.configured:
+        log.warning("no ROTA_WEB_TOKEN and no auth proxy: anybody may look, nobody may act")
+    print(f"Rota console on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
+    # The socket's peer is the client: forwarded-for headers are not trusted.
+    uvicorn.run(app, host=args.host, port=args.port, proxy_headers=False, log_level="warning")
+    return 0

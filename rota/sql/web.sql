@@ -1,0 +1,176 @@
+-- The web console's own queries (rota.web). Each must stay cheap on a table
+-- of millions of rows: the job list walks the primary key newest first within
+-- a bounded window, counts and groups read the partial indexes of ready,
+-- running and ended rows, and charts read rota.queue_sample
+-- (tests/web/test_plans.py checks every plan over 1,000,000 jobs).
+
+-- name: web_jobs_page
+-- One page of the job list, newest first, below the cursor `before`. Status,
+-- idempotency key and cursor narrow an index walk; the other filters (type,
+-- payload, creation time) are applied to a window of at most `scan` rows of
+-- that walk when `bounded`, so a filter that matches little never reads the
+-- whole table: the page then says how far it searched and offers to go on.
+WITH win AS (
+    SELECT id, type, payload, created_at
+    FROM rota.job
+    WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+      AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+      AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+      AND (%(bounded)s::boolean
+           OR ((%(type)s::text IS NULL OR type = %(type)s::text)
+               AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+               AND (%(created_from)s::timestamptz IS NULL
+                    OR created_at >= %(created_from)s::timestamptz)
+               AND (%(created_to)s::timestamptz IS NULL
+                    OR created_at < %(created_to)s::timestamptz)))
+    -- For the few rows of a status other than done, `sorted` turns the sort
+    -- key into an expression: the planner then reads that status's partial
+    -- index and sorts, instead of walking the primary key past the done rows.
+    ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
+    LIMIT %(scan)s
+),
+hits AS (
+    SELECT id
+    FROM win
+    WHERE (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+      AND (%(created_from)s::timestamptz IS NULL OR created_at >= %(created_from)s::timestamptz)
+      AND (%(created_to)s::timestamptz IS NULL OR created_at < %(created_to)s::timestamptz)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT j.id, j.type, j.status, j.priority, j.attempts, j.max_attempts, j.run_at,
+       j.created_at, j.finished_at, j.idempotency_key, j.locked_by,
+       left(j.payload::text, 160) AS payload_text,
+       left(split_part(j.last_error, E'\n', 1), 160) AS error_line,
+       (SELECT count(*) FROM win) AS scanned,
+       (SELECT min(id) FROM win) AS scanned_to
+FROM hits JOIN rota.job AS j ON j.id = hits.id
+ORDER BY j.id DESC
+
+-- name: web_jobs_window
+-- How far an empty page searched (web_jobs_page returns no row to say it).
+WITH win AS (
+    SELECT id
+    FROM rota.job
+    WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+      AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+      AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+    ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
+    LIMIT %(scan)s
+)
+SELECT count(*) AS scanned, min(id) AS scanned_to FROM win
+
+-- name: web_bulk_ids
+-- Every job of one status (`one`, a status an action applies to: the few
+-- ready, running or ended rows, found by their partial index) that a filter
+-- matches, locked for the action that follows in the same transaction. One
+-- status per statement, so that each walks its own partial index.
+SELECT id
+FROM rota.job
+WHERE status = %(one)s::text
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+  AND (%(created_from)s::timestamptz IS NULL OR created_at >= %(created_from)s::timestamptz)
+  AND (%(created_to)s::timestamptz IS NULL OR created_at < %(created_to)s::timestamptz)
+  AND (%(delayed)s::boolean IS NOT TRUE OR run_at > coalesce(%(now)s::timestamptz, now()))
+ORDER BY id
+LIMIT %(cap)s
+FOR UPDATE
+
+-- name: web_bulk_count
+SELECT count(*) AS jobs
+FROM (
+    SELECT 1
+    FROM rota.job
+    WHERE status = %(one)s::text
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+      AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+      AND (%(created_from)s::timestamptz IS NULL OR created_at >= %(created_from)s::timestamptz)
+      AND (%(created_to)s::timestamptz IS NULL OR created_at < %(created_to)s::timestamptz)
+      AND (%(delayed)s::boolean IS NOT TRUE OR run_at > coalesce(%(now)s::timestamptz, now()))
+    LIMIT %(cap)s + 1
+) AS matching
+
+-- name: web_job_effects
+SELECT effect, result, created_at
+FROM rota.job_effect
+WHERE job_key = %(key)s
+ORDER BY created_at, effect
+
+-- name: web_archived_job
+SELECT * FROM rota.job_archive WHERE id = %(id)s
+
+-- name: web_schedule_by_id
+SELECT * FROM rota.schedule WHERE id = %(id)s
+
+-- name: web_dead_groups
+-- Dead letters by type and error class (the name before the first colon of
+-- last_error), the biggest groups first; reads the dead rows only, and the
+-- latest job of each group for a sample of its error.
+WITH groups AS (
+    SELECT type,
+           coalesce(substring(last_error FROM '^[A-Za-z_][A-Za-z0-9_.]*'), '') AS error_class,
+           count(*) AS jobs,
+           min(finished_at) AS first_at,
+           max(finished_at) AS last_at,
+           max(id) AS latest_id
+    FROM rota.job
+    WHERE status = 'dead'
+    GROUP BY 1, 2
+    ORDER BY jobs DESC, type, error_class
+    LIMIT %(limit)s
+)
+SELECT g.*, left(split_part(j.last_error, E'\n', 1), 200) AS sample
+FROM groups AS g
+JOIN rota.job AS j ON j.id = g.latest_id
+ORDER BY g.jobs DESC, g.type, g.error_class
+
+-- name: web_dead_group_ids
+SELECT id
+FROM rota.job
+WHERE status = 'dead'
+  AND type = %(type)s
+  AND coalesce(substring(last_error FROM '^[A-Za-z_][A-Za-z0-9_.]*'), '') = %(error_class)s
+ORDER BY id
+LIMIT %(cap)s
+FOR UPDATE
+
+-- name: web_set_priority
+-- Change the priority of ready jobs (a running job keeps its attempt's).
+UPDATE rota.job
+SET priority = %(priority)s
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'ready'
+RETURNING id
+
+-- name: web_run_now
+-- A delayed ready job due now; wakes idle workers.
+WITH moved AS (
+    UPDATE rota.job
+    SET run_at = coalesce(%(now)s::timestamptz, now())
+    WHERE id = ANY(%(ids)s::bigint[]) AND status = 'ready'
+      AND run_at > coalesce(%(now)s::timestamptz, now())
+    RETURNING id
+),
+woken AS (
+    SELECT pg_notify('rota_jobs', '') FROM moved LIMIT 1
+)
+SELECT id FROM moved LEFT JOIN woken ON true ORDER BY id
+
+-- name: web_audit_insert
+INSERT INTO rota.audit (at, actor, role, action, target, rows)
+VALUES (coalesce(%(now)s::timestamptz, now()), %(actor)s, %(role)s, %(action)s, %(target)s,
+        %(rows)s)
+RETURNING id
+
+-- name: web_audit_page
+SELECT id, at, actor, role, action, target, rows
+FROM rota.audit
+WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: web_paused_types
+SELECT type, paused_at FROM rota.paused_type ORDER BY type

@@ -1,0 +1,96 @@
+-- Workers registered in rota.worker (see migration 0005), and the minute
+-- samples of the queue that the console charts.
+
+-- name: worker_register
+INSERT INTO rota.worker (id, host, pid, concurrency, types, started_at, seen_at, expires_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(concurrency)s, %(types)s::text[],
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s))
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, concurrency = excluded.concurrency,
+    types = excluded.types, started_at = excluded.started_at, seen_at = excluded.seen_at,
+    expires_at = excluded.expires_at
+
+-- name: worker_refresh
+-- A heartbeat: push the row's expiry forward. A row that expired and was
+-- deleted meanwhile (the worker was stalled for long) comes back.
+INSERT INTO rota.worker (id, host, pid, concurrency, types, started_at, seen_at, expires_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(concurrency)s, %(types)s::text[],
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s))
+ON CONFLICT (id) DO UPDATE
+SET seen_at = excluded.seen_at, expires_at = excluded.expires_at
+
+-- name: worker_deregister
+DELETE FROM rota.worker WHERE id = %(id)s RETURNING id
+
+-- name: worker_expire
+-- Rows of workers that stopped refreshing (killed, or cut off): gone.
+DELETE FROM rota.worker
+WHERE expires_at < coalesce(%(now)s::timestamptz, now())
+RETURNING id
+
+-- name: worker_list
+-- Live workers, each with what it runs now: how many running rows it holds
+-- (by locked_by) and the first few of them.
+SELECT w.id, w.host, w.pid, w.concurrency, w.types, w.started_at, w.seen_at, w.expires_at,
+       coalesce(r.jobs, '[]'::jsonb) AS jobs, coalesce(n.running, 0) AS running
+FROM rota.worker AS w
+LEFT JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object('id', f.id, 'type', f.type, 'attempts', f.attempts,
+                                        'started_at', f.started_at,
+                                        'locked_until', f.locked_until)
+                     ORDER BY f.id) AS jobs
+    FROM (SELECT id, type, attempts, started_at, locked_until
+          FROM rota.job AS j
+          WHERE j.status = 'running' AND j.locked_by = w.id
+          ORDER BY j.id
+          LIMIT %(shown)s) AS f
+) AS r ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS running
+    FROM rota.job AS j
+    WHERE j.status = 'running' AND j.locked_by = w.id
+) AS n ON true
+WHERE w.expires_at >= coalesce(%(now)s::timestamptz, now())
+ORDER BY w.started_at, w.id
+
+-- name: worker_live_count
+SELECT count(*) AS workers
+FROM rota.worker
+WHERE expires_at >= coalesce(%(now)s::timestamptz, now())
+
+-- name: queue_sample_record
+-- The queue as it is this minute, unless the minute has its sample already.
+-- The totals come from the trigger-kept done counts and the partial indexes
+-- of ready, running and ended rows, never from every row of rota.job.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           date_trunc('minute', coalesce(%(now)s::timestamptz, now())) AS minute
+)
+INSERT INTO rota.queue_sample (minute, done_total, ended_total, ready_due, running,
+                               oldest_ready_age_seconds)
+SELECT c.minute,
+       (SELECT coalesce(sum(count), 0) FROM rota.job_done_count),
+       (SELECT count(*) FROM rota.job WHERE status IN ('failed', 'dead', 'cancelled')),
+       (SELECT count(*) FROM rota.job WHERE status = 'ready' AND run_at <= c.now),
+       (SELECT count(*) FROM rota.job WHERE status = 'running'),
+       coalesce((SELECT extract(epoch FROM c.now - min(run_at))
+                 FROM rota.job WHERE status = 'ready' AND run_at <= c.now), 0)
+FROM clock AS c
+WHERE NOT EXISTS (SELECT FROM rota.queue_sample AS s WHERE s.minute = c.minute)
+ON CONFLICT (minute) DO NOTHING
+RETURNING minute
+
+-- name: queue_sample_prune
+DELETE FROM rota.queue_sample
+WHERE minute < coalesce(%(now)s::timestamptz, now()) - interval '1 day'
+
+-- name: queue_samples
+-- The samples of the last `minutes` minutes, oldest first, with the one before
+-- them so the first minute's throughput can be told.
+SELECT minute, done_total, ended_total, ready_due, running, oldest_ready_age_seconds
+FROM rota.queue_sample
+WHERE minute >= date_trunc('minute', coalesce(%(now)s::timestamptz, now()))
+                - make_interval(mins => %(minutes)s)
+ORDER BY minute

@@ -1,0 +1,83 @@
+"""The console's web application: the routes of `rota.web.routes` on a `Console`,
+with its errors answered as pages (browsers) or JSON (scripts).
+
+Pages are rendered on the server from Jinja2 templates (autoescaped: a payload
+is always text, never markup); the overview refreshes itself through htmx,
+served from this package (no CDN). Every POST is an action: it is refused with
+401 without credentials, 403 for a viewer, in read-only mode or without the
+CSRF value, and 4xx for bad input, before anything is written.
+Handlers are plain functions run on Starlette's thread pool, each borrowing a
+connection from a small pool of autocommit connections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from psycopg_pool import PoolTimeout
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from rota.errors import DatabaseUnavailable, InvalidInput, JobNotFound, RotaError
+from rota.web import actions, auth
+from rota.web.console import Console, WebSettings
+from rota.web.routes import build_routes
+
+__all__ = ["Console", "WebSettings", "create_app"]
+
+
+def _error_handler(c: Console, status: int) -> Callable[[Request, Exception], Response]:
+    def handle(request: Request, exc: Exception) -> Response:
+        message = " ".join(str(exc).split()) or "error"
+        if "text/html" not in request.headers.get("accept", ""):
+            return JSONResponse({"error": message}, status_code=status)
+        page = c.render(
+            request, "error.html", auth.ANONYMOUS, status=status, message=message, nav=""
+        )
+        page.status_code = status
+        return page
+
+    return handle
+
+
+def _http_error(c: Console) -> Callable[[Request, Exception], Response]:
+    def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 303:
+            return Response(status_code=303, headers=exc.headers)
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if "text/html" not in request.headers.get("accept", ""):
+            return JSONResponse(
+                {"error": message}, status_code=exc.status_code, headers=exc.headers
+            )
+        page = c.render(
+            request, "error.html", auth.ANONYMOUS, status=exc.status_code, message=message, nav=""
+        )
+        page.status_code = exc.status_code
+        for key, value in (exc.headers or {}).items():
+            page.headers[key] = value
+        return page
+
+    return handle
+
+
+def create_app(settings: WebSettings) -> Starlette:
+    """The console as an ASGI application (`uvicorn` serves it in `rota web`)."""
+    c = Console(settings)
+    app = Starlette(
+        routes=build_routes(c),
+        lifespan=c.lifespan,
+        exception_handlers={
+            HTTPException: _http_error(c),
+            InvalidInput: _error_handler(c, 400),
+            JobNotFound: _error_handler(c, 404),
+            actions.Conflict: _error_handler(c, 409),
+            DatabaseUnavailable: _error_handler(c, 503),
+            PoolTimeout: _error_handler(c, 503),
+            RotaError: _error_handler(c, 500),
+        },
+    )
+    app.state.console = c
+    return app

@@ -1,0 +1,200 @@
+"""The console's plumbing: settings, the connection pool, who is asking, rendering.
+
+A `Console` holds what every request needs: the settings, a small pool of
+autocommit connections (no prepared statements: each query is planned for its
+actual values), the Jinja2 templates (autoescaped: a payload is always text,
+never markup) and the sampler thread that records the charts' minute samples.
+Its guards turn missing credentials into 401, a viewer, read-only mode or a
+missing CSRF value into 403, before a handler touches the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from rota import workers
+from rota.db import Conn
+from rota.errors import InvalidInput
+from rota.jobs import Status
+from rota.status import format_age
+from rota.web import actions, auth, filters
+from rota.web.auth import Identity
+
+log = logging.getLogger("rota.web")
+
+JOBS_PARAMS = {*filters.FIELDS, "before", "limit", "flash"}
+
+
+@dataclasses.dataclass(frozen=True)
+class WebSettings:
+    dsn: str
+    """Database URL ("" lets libpq use its PG* variables)."""
+    auth: auth.AuthSettings = dataclasses.field(default_factory=auth.AuthSettings)
+    read_only: bool = False
+    """Hide every action and refuse every POST but logging in and out."""
+    sample_seconds: float = 30.0
+    """How often the console records the queue sample its charts read (0: never)."""
+    pool_size: int = 8
+    """Most database connections the console holds."""
+    statement_timeout_ms: int = 10_000
+    """A console query that runs longer is cancelled (keeps a slow page off the database)."""
+
+
+class Console:
+    def __init__(self, settings: WebSettings) -> None:
+        self.settings = settings
+        self.pool = ConnectionPool(
+            settings.dsn,
+            min_size=1,
+            max_size=settings.pool_size,
+            open=False,
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                # Plans are made for each query's actual values: a filter left
+                # empty must not leave a generic plan that walks the table.
+                "prepare_threshold": None,
+                "application_name": "rota-web",
+                "options": f"-c statement_timeout={settings.statement_timeout_ms}",
+            },
+        )
+        loader = jinja2.FileSystemLoader(str(resources.files("rota.web") / "templates"))
+        self.templates = jinja2.Environment(loader=loader, autoescape=True)
+        self.templates.filters["age"] = format_age
+        self.templates.filters["instant"] = _instant
+        self.templates.filters["utc"] = lambda v: _instant(v.astimezone(UTC)) if v else "-"
+        self.templates.globals["statuses"] = [s.value for s in Status]
+        self._stop = threading.Event()
+
+    # -- plumbing ------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.pool.open()
+        sampler = threading.Thread(target=self._sample, name="rota-web-sampler", daemon=True)
+        if self.settings.sample_seconds > 0:
+            sampler.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            self.pool.close()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.pool.connection() as conn:
+                    workers.record_sample(conn)
+            except Exception as exc:  # keep sampling through outages
+                log.warning("cannot record the queue sample: %s", exc)
+            self._stop.wait(self.settings.sample_seconds)
+
+    def conn(self) -> contextlib.AbstractContextManager[Conn]:
+        return self.pool.connection(timeout=10)
+
+    def identify(self, request: Request) -> Identity:
+        client = request.client.host if request.client else None
+        return auth.identify(self.settings.auth, request.headers, request.cookies, client)
+
+    def render(self, request: Request, name: str, who: Identity, **context: Any) -> HTMLResponse:
+        page = self.templates.get_template(name).render(
+            request=request,
+            who=who,
+            read_only=self.settings.read_only,
+            can_act=who.can_act and not self.settings.read_only,
+            csrf=who.csrf,
+            flash=request.query_params.get("flash", "")[:300],
+            path=request.url.path,
+            here=here_of(request),
+            auth_configured=self.settings.auth.configured,
+            now_utc=datetime.now(UTC),
+            **context,
+        )
+        return HTMLResponse(page)
+
+    # -- guards ---------------------------------------------------------------------
+    def viewer(self, request: Request) -> Identity:
+        try:
+            return self.identify(request)
+        except auth.Unauthenticated as exc:
+            if "text/html" in request.headers.get("accept", ""):
+                target = "/login?" + urlencode({"next": here_of(request)})
+                raise HTTPException(303, headers={"Location": target}) from exc
+            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
+
+    async def actor(self, request: Request) -> tuple[Identity, FormData]:
+        """The identity of a POST allowed to act, and its form; 401/403 otherwise."""
+        try:
+            who = self.identify(request)
+        except auth.Unauthenticated as exc:
+            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
+        if self.settings.read_only:
+            raise HTTPException(403, "the console is read-only")
+        if not who.can_act:
+            raise HTTPException(403, f"{who.name} is a {who.role}: viewers cannot act")
+        form = await request.form()
+        given = form.get("csrf")
+        if not auth.csrf_ok(who, given if isinstance(given, str) else None):
+            raise HTTPException(403, "the form's CSRF value is missing or wrong: reload the page")
+        return who, form
+
+    def acted(self, request: Request, form: FormData, done: actions.Done) -> Response:
+        if "application/json" in request.headers.get("accept", ""):
+            return JSONResponse(dataclasses.asdict(done))
+        target = safe_next(form_field(form, "next")) or "/"
+        joiner = "&" if "?" in target else "?"
+        return RedirectResponse(f"{target}{joiner}flash={quote(done.message)}", status_code=303)
+
+
+def form_field(form: Mapping[str, Any], name: str) -> str | None:
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def safe_next(target: str | None) -> str | None:
+    """Only a path of this console (never another site) is a place to return to."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return None
+    # Strip an earlier flash message from the path.
+    path, _, query = target.partition("?")
+    kept = "&".join(p for p in query.split("&") if p and not p.startswith("flash="))
+    return f"{path}?{kept}" if kept else path
+
+
+def here_of(request: Request) -> str:
+    params = [(k, v) for k, v in request.query_params.multi_items() if k != "flash"]
+    return request.url.path + ("?" + urlencode(params) if params else "")
+
+
+def _instant(value: datetime | None) -> str:
+    return value.isoformat(sep=" ", timespec="seconds") if value else "-"
+
+
+def job_id_of(request: Request) -> int:
+    job_id = filters.parse_id(request.path_params["job_id"], "job id")
+    assert job_id is not None
+    return job_id
+
+
+def check_params(request: Request, allowed: set[str]) -> None:
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise InvalidInput(
+            f"unknown parameter {unknown[0]!r} (known: {', '.join(sorted(allowed))})"
+        )

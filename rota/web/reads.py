@@ -1,0 +1,186 @@
+"""What the console's pages show, read from the database: typed rows, no HTML.
+
+Every reader walks an index or a small side table (tests/web/test_plans.py
+checks the plans over a million jobs). Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rota import cron, schedule_store, sql, workers
+from rota.db import Conn, fetch_all
+from rota.errors import InvalidInput, JobNotFound
+from rota.jobs import Job, Status
+from rota.status import QueueStatus, read_status
+from rota.web.charts import Series, series
+from rota.web.filters import SCAN_ROWS, JobFilter
+
+
+@dataclasses.dataclass(frozen=True)
+class Overview:
+    status: QueueStatus
+    paused: frozenset[str]
+    throughput: Series
+    queue_age: Series
+    workers: int
+
+    @property
+    def all_paused(self) -> bool:
+        return "*" in self.paused
+
+    @property
+    def type_names(self) -> list[str]:
+        """Types with jobs, and types paused before any job of theirs arrived."""
+        return sorted(set(self.status.types) | (self.paused - {"*"}))
+
+    @property
+    def missed_slots(self) -> int:
+        return sum(s.missed_slots for s in self.status.schedules)
+
+
+def overview(conn: Conn, now: datetime | None = None) -> Overview:
+    status = read_status(conn, now=now)
+    paused = frozenset(r["type"] for r in fetch_all(conn, sql.query("web_paused_types")))
+    samples = fetch_all(conn, sql.query("queue_samples"), {"now": now, "minutes": 60})
+    moved = [
+        (
+            s["minute"],
+            float(max(0, s["done_total"] + s["ended_total"] - p["done_total"] - p["ended_total"])),
+        )
+        for p, s in itertools.pairwise(samples)
+    ]
+    ages = [(s["minute"], float(s["oldest_ready_age_seconds"])) for s in samples]
+    return Overview(
+        status=status,
+        paused=paused,
+        throughput=series("jobs finished per minute", moved),
+        queue_age=series("oldest ready job, seconds", ages),
+        workers=status.workers,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPage:
+    rows: list[dict[str, Any]]
+    next_before: int | None
+    """Cursor of the next (older) page; None at the end."""
+    scanned: int
+    """Rows of the window examined (filters on type, payload or time)."""
+    window_full: bool
+    """The window was used up before the page filled: older matches may exist."""
+
+
+def job_page(conn: Conn, found: JobFilter, before: int | None, limit: int) -> JobPage:
+    bounded = found.bounded
+    scan = SCAN_ROWS if bounded else limit + 1
+    sorted_ = found.status is not None and found.status != Status.DONE
+    params = {
+        **found.params(), "before": before, "bounded": bounded, "scan": scan, "sorted": sorted_,
+    }  # fmt: skip
+    rows = fetch_all(conn, sql.query("web_jobs_page"), {**params, "limit": limit + 1})
+    if rows:
+        scanned, scanned_to = int(rows[0]["scanned"]), rows[0]["scanned_to"]
+    else:
+        window = fetch_all(conn, sql.query("web_jobs_window"), params)[0]
+        scanned, scanned_to = int(window["scanned"]), window["scanned_to"]
+    window_full = bounded and scanned >= scan
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_before: int | None = rows[-1]["id"]
+    elif window_full:
+        next_before = scanned_to
+    else:
+        next_before = None
+    return JobPage(rows, next_before, scanned, window_full and len(rows) < limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDetail:
+    job: Job
+    archived: bool
+    effects: list[dict[str, Any]]
+    schedule: dict[str, Any] | None
+
+
+def job_detail(conn: Conn, job_id: int) -> JobDetail:
+    rows = fetch_all(conn, sql.query("get_job"), {"id": job_id})
+    archived = False
+    if not rows:
+        rows = fetch_all(conn, sql.query("web_archived_job"), {"id": job_id})
+        archived = True
+    if not rows:
+        raise JobNotFound(f"no job with id {job_id}")
+    job = Job.from_row(rows[0])
+    effects = fetch_all(conn, sql.query("web_job_effects"), {"key": job.effect_key})
+    schedule = None
+    if job.schedule_id is not None:
+        found = fetch_all(conn, sql.query("web_schedule_by_id"), {"id": job.schedule_id})
+        schedule = found[0] if found else None
+    return JobDetail(job, archived, effects, schedule)
+
+
+def dead_groups(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
+    return fetch_all(conn, sql.query("web_dead_groups"), {"limit": limit})
+
+
+def audit_page(
+    conn: Conn, before: int | None, limit: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    rows = fetch_all(conn, sql.query("web_audit_page"), {"before": before, "limit": limit + 1})
+    if len(rows) > limit:
+        return rows[:limit], rows[limit - 1]["id"]
+    return rows, None
+
+
+def live_workers(conn: Conn) -> list[workers.LiveWorker]:
+    return workers.live(conn)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleView:
+    row: dict[str, Any]
+    next_slots: list[datetime]
+    """The next slots in the schedule's own zone (each also shown in UTC)."""
+    dst_preview: list[datetime]
+    """Slots around the zone's next change of UTC offset (empty: no change within a year)."""
+    dst_change: datetime | None
+    error: str = ""
+
+
+def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
+    tick = now or datetime.now(UTC)
+    return [_schedule_view(row, tick) for row in schedule_store.list_all(conn)]
+
+
+def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
+    try:
+        start = max(now, row["next_run_at"] - timedelta(microseconds=1))
+        slots = cron.preview(row["cron"], row["timezone"], start=start, count=5)
+        change = next_offset_change(row["timezone"], now)
+        dst = (
+            cron.preview(row["cron"], row["timezone"], start=change - timedelta(hours=3), count=6)
+            if change
+            else []
+        )
+    except InvalidInput as exc:
+        return ScheduleView(row, [], [], None, str(exc))
+    return ScheduleView(row, slots, dst, change)
+
+
+def next_offset_change(zone_name: str, after: datetime, days: int = 400) -> datetime | None:
+    """The first instant after `after` when the zone's UTC offset changes (hour precision)."""
+    zone = cron.zone(zone_name)
+    current = after.astimezone(zone).utcoffset()
+    step = after.replace(minute=0, second=0, microsecond=0)
+    for day in range(days):
+        probe = step + timedelta(days=day + 1)
+        if probe.astimezone(zone).utcoffset() != current:
+            for hour in range(24, -1, -1):
+                earlier = probe - timedelta(hours=hour)
+                if earlier > after and earlier.astimezone(zone).utcoffset() != current:
+                    return earlier
+    return None

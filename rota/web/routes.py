@@ -1,0 +1,271 @@
+"""The console's routes: one function per page, one per action.
+
+Pages are plain functions run on Starlette's thread pool; actions read their
+form on the event loop, pass the guards of `Console.actor`, then do their
+database work on the thread pool. Bad input raises `InvalidInput` before
+anything is written (the app answers 400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from rota.errors import InvalidInput
+from rota.web import actions, auth, filters, reads
+from rota.web.console import (
+    JOBS_PARAMS,
+    Console,
+    check_params,
+    form_field,
+    job_id_of,
+    safe_next,
+)
+
+# -- pages ------------------------------------------------------------------------------
+
+
+def build_routes(c: Console) -> list[Route | Mount]:
+    def overview(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {"flash"})
+        with c.conn() as conn:
+            data = reads.overview(conn)
+        name = "overview_live.html" if request.headers.get("hx-request") else "overview.html"
+        return c.render(request, name, who, o=data, nav="overview")
+
+    def jobs(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, JOBS_PARAMS)
+        q = request.query_params
+        found = filters.parse_filter(q)
+        before = filters.parse_id(q.get("before"), "before")
+        limit = filters.parse_page_size(q.get("limit"))
+        with c.conn() as conn:
+            page = reads.job_page(conn, found, before, limit)
+        bulk = [
+            name for name, b in actions.BULK_ACTIONS.items()
+            if found.status is None or found.status in b.statuses
+        ]  # fmt: skip
+        return c.render(
+            request, "jobs.html", who, f=found, page=page, limit=limit, bulk=bulk,
+            scan_rows=filters.SCAN_ROWS, nav="jobs",
+        )  # fmt: skip
+
+    def job(request: Request) -> Response:
+        who = c.viewer(request)
+        job_id = job_id_of(request)
+        with c.conn() as conn:
+            detail = reads.job_detail(conn, job_id)
+        return c.render(request, "job.html", who, d=detail, j=detail.job, nav="jobs")
+
+    def bulk_confirm(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {*filters.FIELDS, "action", "priority", "flash"})
+        q = request.query_params
+        bulk = actions.bulk_action(q.get("action"))
+        found = filters.parse_filter(q)
+        priority = filters.parse_priority(q.get("priority")) if bulk.name == "priority" else None
+        with c.conn() as conn:
+            count = actions.bulk_count(conn, bulk, found)
+        return c.render(
+            request, "bulk.html", who, bulk=bulk, f=found, count=count, cap=actions.BULK_CAP,
+            priority=priority, nav="jobs",
+        )  # fmt: skip
+
+    def dead(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {"flash"})
+        with c.conn() as conn:
+            groups = reads.dead_groups(conn)
+        return c.render(request, "dead.html", who, groups=groups, nav="dead")
+
+    def schedules(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {"flash"})
+        with c.conn() as conn:
+            views = reads.schedules(conn)
+        return c.render(request, "schedules.html", who, schedules=views, nav="schedules")
+
+    def types(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {"flash"})
+        with c.conn() as conn:
+            data = reads.overview(conn)
+        return c.render(request, "types.html", who, o=data, nav="types")
+
+    def workers_page(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {"flash"})
+        with c.conn() as conn:
+            found = reads.live_workers(conn)
+        return c.render(request, "workers.html", who, workers=found, nav="workers")
+
+    def audit(request: Request) -> Response:
+        who = c.viewer(request)
+        check_params(request, {"before", "limit", "flash"})
+        before = filters.parse_id(request.query_params.get("before"), "before")
+        limit = filters.parse_page_size(request.query_params.get("limit"))
+        with c.conn() as conn:
+            rows, next_before = reads.audit_page(conn, before, limit)
+        return c.render(
+            request, "audit.html", who, rows=rows, next_before=next_before, limit=limit,
+            nav="audit",
+        )  # fmt: skip
+
+    def healthz(request: Request) -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    # -- login ----------------------------------------------------------------------
+    def login_page(request: Request) -> Response:
+        return c.render(
+            request, "login.html", auth.ANONYMOUS,
+            next=safe_next(request.query_params.get("next")),
+            error="", nav="",
+        )  # fmt: skip
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        given = form_field(form, "token") or ""
+        target = safe_next(form_field(form, "next")) or "/"
+        if not auth.token_matches(c.settings.auth, given):
+            page = c.render(
+                request, "login.html", auth.ANONYMOUS, next=target, error="That is not the token.",
+                nav="",
+            )  # fmt: skip
+            page.status_code = 401
+            return page
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            auth.SESSION_COOKIE,
+            auth.session_cookie(c.settings.auth, "token", auth.OPERATOR),
+            max_age=auth.SESSION_SECONDS,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(auth.SESSION_COOKIE)
+        return response
+
+    # -- actions --------------------------------------------------------------------
+    def job_action(run: Callable[..., actions.Done], needs_priority: bool = False) -> Any:
+        async def endpoint(request: Request) -> Response:
+            who, form = await c.actor(request)
+            job_id = job_id_of(request)
+            extra = [filters.parse_priority(form_field(form, "priority"))] if needs_priority else []
+
+            def work() -> actions.Done:
+                with c.conn() as conn:
+                    return run(conn, who, job_id, *extra)
+
+            return c.acted(request, form, await _threaded(work))
+
+        return endpoint
+
+    async def bulk_apply(request: Request) -> Response:
+        who, form = await c.actor(request)
+        bulk = actions.bulk_action(form_field(form, "action"))
+        found = filters.parse_filter({k: v for k, v in form.items() if isinstance(v, str)})
+        priority = (
+            filters.parse_priority(form_field(form, "priority"))
+            if bulk.name == "priority"
+            else None
+        )
+
+        def work() -> actions.Done:
+            with c.conn() as conn:
+                return actions.bulk_apply(conn, who, bulk, found, priority)
+
+        return c.acted(request, form, await _threaded(work))
+
+    async def dead_retry(request: Request) -> Response:
+        who, form = await c.actor(request)
+        job_type = form_field(form, "type") or ""
+        error_class = form_field(form, "error_class") or ""
+
+        def work() -> actions.Done:
+            with c.conn() as conn:
+                return actions.retry_dead_group(conn, who, job_type, error_class)
+
+        return c.acted(request, form, await _threaded(work))
+
+    def types_action(pause: bool) -> Any:
+        async def endpoint(request: Request) -> Response:
+            who, form = await c.actor(request)
+            every = form_field(form, "all") is not None
+            job_type = form_field(form, "type")
+            if not every and not job_type:
+                raise InvalidInput("give a job type, or all")
+            chosen = None if every else [job_type or ""]
+            run = actions.pause_types if pause else actions.resume_types
+
+            def work() -> actions.Done:
+                with c.conn() as conn:
+                    return run(conn, who, chosen)
+
+            return c.acted(request, form, await _threaded(work))
+
+        return endpoint
+
+    def schedule_action(suspend: bool) -> Any:
+        async def endpoint(request: Request) -> Response:
+            who, form = await c.actor(request)
+            name = form_field(form, "name")
+            if not name:
+                raise InvalidInput("give the schedule's name")
+
+            def work() -> actions.Done:
+                with c.conn() as conn:
+                    return actions.suspend_schedule(conn, who, name, suspend)
+
+            return c.acted(request, form, await _threaded(work))
+
+        return endpoint
+
+    static = StaticFiles(directory=str(resources.files("rota.web") / "static"))
+    return [
+        Route("/", overview),
+        Route("/jobs", jobs),
+        Route("/jobs/bulk", bulk_confirm),
+        Route("/jobs/bulk", bulk_apply, methods=["POST"]),
+        Route("/jobs/{job_id}", job),
+        Route("/jobs/{job_id}/retry", job_action(actions.retry_job), methods=["POST"]),
+        Route("/jobs/{job_id}/cancel", job_action(actions.cancel_job), methods=["POST"]),
+        Route("/jobs/{job_id}/run-now", job_action(actions.run_now), methods=["POST"]),
+        Route(
+            "/jobs/{job_id}/priority",
+            job_action(actions.set_priority, needs_priority=True),
+            methods=["POST"],
+        ),
+        Route("/dead", dead),
+        Route("/dead/retry", dead_retry, methods=["POST"]),
+        Route("/schedules", schedules),
+        Route("/schedules/suspend", schedule_action(True), methods=["POST"]),
+        Route("/schedules/resume", schedule_action(False), methods=["POST"]),
+        Route("/types", types),
+        Route("/types/pause", types_action(True), methods=["POST"]),
+        Route("/types/resume", types_action(False), methods=["POST"]),
+        Route("/workers", workers_page),
+        Route("/audit", audit),
+        Route("/login", login_page),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/healthz", healthz),
+        Mount("/static", app=static, name="static"),
+    ]
+
+
+async def _threaded(work: Callable[[], actions.Done]) -> actions.Done:
+    """Run an action's database work on the thread pool, off the event loop."""
+    return await run_in_threadpool(work)

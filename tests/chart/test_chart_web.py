@@ -1,0 +1,61 @@
+"""web.enabled: the console's Deployment, Service, token Secret and optional Ingress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chart_support import ALL_OPTIONS, Render
+
+
+def _by_kind(objects: list[dict[str, Any]], component: str = "web") -> dict[str, dict[str, Any]]:
+    return {
+        o["kind"]: o
+        for o in objects
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    }
+
+
+def test_the_console_is_off_by_default(render: Render) -> None:
+    assert _by_kind(render()) == {}
+
+
+def test_enabled_renders_a_deployment_and_a_service_without_ingress(render: Render) -> None:
+    found = _by_kind(render(sets=["web.enabled=true"]))
+    assert set(found) == {"Deployment", "Service"}
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["rota", "web", "--host=0.0.0.0", "--port=8080"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert "ROTA_WEB_TOKEN" not in {e["name"] for e in container["env"]}
+    assert found["Service"]["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_the_token_comes_from_a_secret(render: Render) -> None:
+    found = _by_kind(render(sets=["web.enabled=true", "web.token.existingSecret=console-token"]))
+    assert "Secret" not in found
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    (env,) = [e for e in container["env"] if e["name"] == "ROTA_WEB_TOKEN"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "console-token", "key": "token"}
+
+
+def test_a_token_value_is_kept_in_a_secret_of_the_chart(render: Render) -> None:
+    found = _by_kind(render(sets=["web.enabled=true", "web.token.value=not-a-real-token"]))
+    assert found["Secret"]["stringData"] == {"token": "not-a-real-token"}
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    (env,) = [e for e in container["env"] if e["name"] == "ROTA_WEB_TOKEN"]
+    assert env["valueFrom"]["secretKeyRef"]["name"] == found["Secret"]["metadata"]["name"]
+
+
+def test_all_options_render_the_ingress_and_the_proxy_flags(render: Render) -> None:
+    found = _by_kind(render(values=[ALL_OPTIONS]))
+    assert set(found) == {"Deployment", "Service", "Ingress"}
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][2:] == [
+        "--host=0.0.0.0", "--port=8088", "--read-only", "--proxy-header=X-Forwarded-User",
+        "--proxy-groups-header=X-Forwarded-Groups", "--proxy-from=10.0.0.0/8", "--operator=oncall",
+    ]  # fmt: skip
+    (env,) = [e for e in container["env"] if e["name"] == "ROTA_WEB_TOKEN"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "console-token", "key": "key"}
+    rule = found["Ingress"]["spec"]["rules"][0]
+    assert rule["host"] == "rota.example.com"
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": found["Service"]["metadata"]["name"], "port": {"name": "http"}}

@@ -1,0 +1,139 @@
+"""Every action of the console: the change it makes and the audit row it writes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from psycopg.types.json import Jsonb
+
+from rota import schedule_store
+from tests.web.conftest import BEARER, add_job, audit_rows, csrf_of
+
+JSON = {**BEARER, "Accept": "application/json"}
+
+
+def status_of(conn, job_id):
+    return conn.execute("SELECT status FROM rota.job WHERE id = %s", [job_id]).fetchone()["status"]
+
+
+def test_retry_a_dead_job_makes_it_ready_and_is_audited(client, conn):
+    job_id = add_job(conn, "email", "dead", attempts=3, max_attempts=3)
+    response = client.post(f"/jobs/{job_id}/retry", headers=JSON)
+    assert response.json() == {
+        "action": "retry",
+        "rows": 1,
+        "message": f"job {job_id} is ready again",
+    }
+    assert status_of(conn, job_id) == "ready"
+    [row] = audit_rows(conn)
+    assert (row["actor"], row["role"], row["action"], row["target"], row["rows"]) == (
+        "token", "operator", "retry", {"ids": [job_id]}, 1,
+    )  # fmt: skip
+
+
+def test_cancel_ends_a_ready_job_and_asks_a_running_one_to_stop(client, conn):
+    ready = add_job(conn, "email", "ready")
+    running = add_job(conn, "email", "running", locked_by="w", locked_until=datetime.now(UTC))
+    client.post(f"/jobs/{ready}/cancel", headers=JSON)
+    client.post(f"/jobs/{running}/cancel", headers=JSON)
+    assert status_of(conn, ready) == "cancelled"
+    row = conn.execute("SELECT status, cancel_requested_at FROM rota.job WHERE id = %s", [running])
+    found = row.fetchone()
+    assert found["status"] == "running" and found["cancel_requested_at"] is not None
+    assert [r["action"] for r in audit_rows(conn)] == ["cancel", "cancel"]
+
+
+def test_run_now_and_priority_change_a_delayed_ready_job(client, conn):
+    job_id = add_job(conn, "email", "ready", run_at=datetime.now(UTC) + timedelta(hours=2))
+    assert client.post(f"/jobs/{job_id}/run-now", headers=JSON).json()["rows"] == 1
+    assert (
+        client.post(f"/jobs/{job_id}/priority", data={"priority": "7"}, headers=JSON).json()["rows"]
+        == 1
+    )
+    row = conn.execute(
+        "SELECT run_at <= now() AS due, priority FROM rota.job WHERE id = %s", [job_id]
+    )
+    assert row.fetchone() == {"due": True, "priority": 7}
+    assert [r["action"] for r in audit_rows(conn)] == ["run-now", "priority"]
+
+
+def test_bulk_retry_counts_confirms_and_retries_everything_the_filter_matches(client, conn):
+    mine = [add_job(conn, "email", "dead", payload=Jsonb({"shop": 1})) for _ in range(3)]
+    other = add_job(conn, "email", "dead", payload=Jsonb({"shop": 2}))
+    done = add_job(conn, "email", "done", payload=Jsonb({"shop": 1}))
+    confirm = client.get(
+        "/jobs/bulk", params={"action": "retry", "payload": "shop=1"}, headers=BEARER
+    )
+    assert "<strong>3</strong> job(s) will be retried" in confirm.text
+    response = client.post(
+        "/jobs/bulk", data={"action": "retry", "payload": "shop=1"}, headers=JSON
+    )
+    assert response.json()["rows"] == 3
+    assert [status_of(conn, i) for i in mine] == ["ready"] * 3
+    assert (status_of(conn, other), status_of(conn, done)) == ("dead", "done")
+    [row] = audit_rows(conn)
+    assert row["action"] == "bulk-retry" and row["rows"] == 3
+    assert row["target"]["filter"] == {"payload": "shop=1"}
+
+
+def test_bulk_cancel_and_bulk_priority(client, conn):
+    ready = [add_job(conn, "sms", "ready") for _ in range(2)]
+    client.post(
+        "/jobs/bulk", data={"action": "priority", "type": "sms", "priority": "9"}, headers=JSON
+    )
+    assert {r["priority"] for r in conn.execute("SELECT priority FROM rota.job")} == {9}
+    client.post("/jobs/bulk", data={"action": "cancel", "type": "sms"}, headers=JSON)
+    assert [status_of(conn, i) for i in ready] == ["cancelled"] * 2
+
+
+def test_retry_a_dead_letter_group(client, conn):
+    group = [add_job(conn, "email", "dead", last_error="SMTPError: later") for _ in range(2)]
+    other = add_job(conn, "email", "dead", last_error="ValueError: bad")
+    response = client.post(
+        "/dead/retry", data={"type": "email", "error_class": "SMTPError"}, headers=JSON
+    )
+    assert response.json()["rows"] == 2
+    assert [status_of(conn, i) for i in group] == ["ready", "ready"]
+    assert status_of(conn, other) == "dead"
+
+
+def test_pause_and_resume_types_and_everything(client, conn):
+    client.post("/types/pause", data={"type": "email"}, headers=JSON)
+    client.post("/types/pause", data={"all": "1"}, headers=JSON)
+    paused = {r["type"] for r in conn.execute("SELECT type FROM rota.paused_type")}
+    assert paused == {"email", "*"}
+    client.post("/types/resume", data={"all": "1"}, headers=JSON)
+    assert conn.execute("SELECT count(*) AS n FROM rota.paused_type").fetchone()["n"] == 0
+    assert [r["action"] for r in audit_rows(conn)] == ["pause", "pause", "resume"]
+
+
+def test_suspend_and_resume_a_schedule(client, conn):
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("s", "report", "* * * * *"))
+    client.post("/schedules/suspend", data={"name": "s"}, headers=JSON)
+    assert schedule_store.get(conn, "s")["suspend"] is True
+    client.post("/schedules/resume", data={"name": "s"}, headers=JSON)
+    assert schedule_store.get(conn, "s")["suspend"] is False
+
+
+def test_a_browser_session_acts_with_its_csrf_value_and_returns_to_the_page(operator, conn):
+    job_id = add_job(conn, "email", "dead")
+    csrf = csrf_of(operator, f"/jobs/{job_id}")
+    response = operator.post(
+        f"/jobs/{job_id}/retry",
+        data={"csrf": csrf, "next": f"/jobs/{job_id}?flash=old"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    assert response.headers["location"].startswith(f"/jobs/{job_id}?flash=job")
+    assert status_of(conn, job_id) == "ready"
+    assert audit_rows(conn)[0]["actor"] == "token"
+
+
+def test_next_never_leads_to_another_site(operator, conn):
+    job_id = add_job(conn, "email", "dead")
+    csrf = csrf_of(operator, f"/jobs/{job_id}")
+    response = operator.post(
+        f"/jobs/{job_id}/retry", data={"csrf": csrf, "next": "//evil.example/x"},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert response.headers["location"].startswith("/?flash=")

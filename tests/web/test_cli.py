@@ -1,0 +1,93 @@
+"""`rota web` serves the console, refuses bad settings with exit code 2, and serves
+the pinned front-end file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from importlib import resources
+
+import pytest
+
+from rota.cli import main
+from tests.web.conftest import add_job
+
+# sha256 of dist/htmx.min.js in the npm package htmx.org@2.0.11 (see mk/web.mk).
+HTMX_SHA256 = "d6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717"
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--port", "0"], "--port must be from 1 to 65535"),
+        (["--port", "http"], "--port is not a whole number"),
+        (["--proxy-header", "X-Forwarded-User"], "--proxy-header needs --proxy-from"),
+        (["--proxy-header", "X-User", "--proxy-from", "10.0.0.300/8"], "--proxy-from"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(capsys, args, reason):
+    assert main(["web", *args]) == 2
+    err = capsys.readouterr().err
+    assert reason in err and err.count("\n") == 1
+
+
+def test_the_served_htmx_is_the_pinned_release():
+    data = (resources.files("rota.web") / "static" / "htmx.min.js").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == HTMX_SHA256
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_rota_web_serves_the_console_and_refuses_an_anonymous_post(db_url, conn):
+    job_id = add_job(conn, "email", "dead")
+    port = _free_port()
+    env = dict(os.environ, ROTA_DATABASE_URL=db_url, ROTA_WEB_TOKEN="t0ken")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rota", "web", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.communicate()[1]
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=5) as response:
+                    assert response.read() == b"ok\n"
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "rota web did not answer"
+                time.sleep(0.1)
+        status, _ = _post(f"{base}/jobs/{job_id}/retry", {})
+        assert status == 401
+        assert conn.execute("SELECT status FROM rota.job").fetchone()["status"] == "dead"
+        status, body = _post(
+            f"{base}/jobs/{job_id}/retry",
+            {"Authorization": "Bearer t0ken", "Accept": "application/json"},
+        )
+        assert status == 200 and b'"rows":1' in body
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
