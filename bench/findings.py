@@ -41,7 +41,7 @@ from bench.peers import PgQueuerUvloop, available
 from bench.server import Server
 from rota import sql
 
-HOT = ("claim_jobs", "extend_leases", "finish_jobs")
+HOT = ("claim_jobs", "extend_leases", "write_outcomes")
 NewDatabase = Callable[[str], str]
 
 
@@ -113,7 +113,7 @@ RESET = {
     # Put the rows back as they were before the call, so every call sees the same table.
     "claim_jobs": "UPDATE rota.job SET status = 'ready', attempts = attempts - 1, locked_by = NULL,"
     " locked_until = NULL, started_at = NULL WHERE id = ANY(%(ids)s)",
-    "finish_jobs": "UPDATE rota.job SET status = 'running', finished_at = NULL,"
+    "write_outcomes": "UPDATE rota.job SET status = 'running', finished_at = NULL,"
     " locked_until = now() + interval '5 minutes' WHERE id = ANY(%(ids)s)",
 }
 
@@ -166,7 +166,7 @@ def plans(
             "now": None,
         }
         claim = {"worker": "bench:plans:2", "limit": 100, "lease": 30, "types": None, "now": None}
-        params = {"claim_jobs": claim, "extend_leases": heartbeat, "finish_jobs": finish}
+        params = {"claim_jobs": claim, "extend_leases": heartbeat, "write_outcomes": finish}
         for name in HOT:
             entry: dict[str, Any] = {"generic_plan": _explain_generic(conn, name)}
             for mode in ("force_custom_plan", "force_generic_plan"):
@@ -276,7 +276,7 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
     worker = f"raw:{os.getpid()}"
     options = "-c plan_cache_mode=force_custom_plan" if custom else ""
     claim_params = {"worker": worker, "limit": batch, "lease": 30, "types": None, "now": None}
-    claim_sql, finish_sql = sql.query("claim_jobs"), sql.query("finish_jobs")
+    claim_sql, finish_sql = sql.query("claim_jobs"), sql.query("write_outcomes")
     with psycopg.connect(dsn, options=options, autocommit=(mode == "serial")) as conn:
         held: list[tuple[int, int]] = []
         while not halt:

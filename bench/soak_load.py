@@ -34,7 +34,7 @@ import rota
 from bench import rota_bench
 from bench.measure import crashed, spawn, stop, wait_until
 from bench.server import server_cpu_seconds
-from rota.schedules import ScheduleSpec, upsert
+from rota.schedule_store import ScheduleSpec, upsert
 
 SAMPLE_SQL = """
 SELECT pg_relation_size('rota.job') AS table_bytes,

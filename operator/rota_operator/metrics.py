@@ -59,7 +59,8 @@ _database: list[DatabaseCollector] = []
 def serve_database_measures(dsn: str) -> None:
     """Serve the database measures of `rota.metrics` for `dsn` (replacing any earlier one)."""
     while _database:
-        REGISTRY.unregister(_database.pop())
+        with contextlib.suppress(KeyError):  # already taken out of the registry
+            REGISTRY.unregister(_database.pop())
     collector = DatabaseCollector(dsn)
     REGISTRY.register(collector)
     _database.append(collector)
