@@ -24,6 +24,8 @@ from typing import IO
 
 import psycopg
 
+from bench.server import Server
+
 ROOT = Path(__file__).resolve().parent.parent
 """The repository: worker processes run here so `bench.*` modules import."""
 
@@ -42,6 +44,25 @@ class Drain:
     wall_seconds: float
     """From spawning the processes until the last job was done."""
     settings: str
+    server_cpu_seconds: float | None = None
+    """PostgreSQL's CPU from spawning to the last job done (None: not measured)."""
+    wal_bytes: int | None = None
+    commits: int | None = None
+    """Commits in the drain's database, the counting connection's own left out."""
+
+    @property
+    def cpu_seconds_per_1000_jobs(self) -> float | None:
+        if self.server_cpu_seconds is None:
+            return None
+        return 1000 * self.server_cpu_seconds / self.jobs
+
+    @property
+    def wal_bytes_per_job(self) -> float | None:
+        return None if self.wal_bytes is None else self.wal_bytes / self.jobs
+
+    @property
+    def commits_per_job(self) -> float | None:
+        return None if self.commits is None else self.commits / self.jobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,11 +152,25 @@ def timed_drain(
     jobs: int,
     start: Callable[[], list[subprocess.Popen[bytes]]],
     settings: str,
+    server: Server | None = None,
     timeout: float = 600.0,
 ) -> Drain:
-    """Start the workers and count down `remaining_sql` until it reaches zero."""
+    """Start the workers and count down `remaining_sql` until it reaches zero.
+
+    With `server`, also what the server spent: CPU and WAL from spawning the
+    workers to the count that reads zero, commits from spawning until the
+    workers' backends are gone (a backend's statistics are complete only once
+    it has exited); the counting connection's own commits are left out.
+    """
+    database = dsn.rsplit("/", 1)[-1].split("?")[0]
     with psycopg.connect(dsn, autocommit=True) as conn:
         _settle(conn)
+    if server is not None:
+        server.settled(database)
+        commits_before = server.commits(database)
+        before = server.read()
+    polls = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
         spawned = time.perf_counter()
         processes = start()
         first: tuple[float, int] | None = None
@@ -143,6 +178,7 @@ def timed_drain(
             while True:
                 now = time.perf_counter()
                 left = _count(conn, remaining_sql)
+                polls += 1
                 if first is None and left < jobs:
                     first = (now, left)
                 if left == 0:
@@ -153,12 +189,25 @@ def timed_drain(
                 if failure:
                     raise RuntimeError(failure)
                 time.sleep(POLL_SECONDS)
+            after = server.read() if server is not None else None
         finally:
             stop(processes)
     assert first is not None
     since, left_then = first
     rate = left_then / max(now - since, 1e-9) if left_then else jobs / max(now - spawned, 1e-9)
-    return Drain(jobs, len(processes), rate, now - spawned, settings)
+    if server is None or after is None:
+        return Drain(jobs, len(processes), rate, now - spawned, settings)
+    server.settled(database)
+    return Drain(
+        jobs,
+        len(processes),
+        rate,
+        now - spawned,
+        settings,
+        server_cpu_seconds=after.cpu_seconds - before.cpu_seconds,
+        wal_bytes=after.wal_lsn - before.wal_lsn,
+        commits=server.commits(database) - commits_before - polls,
+    )
 
 
 def _count(conn: psycopg.Connection, query: str) -> int:

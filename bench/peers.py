@@ -1,11 +1,15 @@
 """The peers Rota is measured against: pgqueuer (asyncpg) and procrastinate (psycopg).
 
+pgqueuer is measured twice: on the standard asyncio event loop, and on uvloop,
+which its own command line (`pgq run`) uses whenever uvloop is installed: its
+fastest setup, the one to beat.
+
 Each gets the same treatment as Rota: its own fresh database on the same
 server, its schema installed the way its documentation says, no-op async
 handlers, jobs enqueued in advance, and worker processes timed from outside.
 Also the entry point of their worker processes:
 
-    python -m bench.peers pgqueuer DSN --batch-size 100
+    python -m bench.peers pgqueuer DSN --batch-size 100 [--uvloop]
     python -m bench.peers procrastinate DSN --concurrency 10
 """
 
@@ -21,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
+from bench.server import Server
 
 NewDatabase = Callable[[str], str]
 BATCH = 1000
@@ -29,12 +34,13 @@ BATCH = 1000
 def available() -> dict[str, bool]:
     """Which peers are installed (they are bench extras, not Rota's dependencies)."""
     found = {}
-    for name in ("pgqueuer", "procrastinate"):
+    for name in ("pgqueuer", "procrastinate", "uvloop"):
         try:
             __import__(name)
             found[name] = True
         except ImportError:
             found[name] = False
+    found["pgqueuer-uvloop"] = found["pgqueuer"] and found.pop("uvloop")
     return found
 
 
@@ -107,17 +113,16 @@ class Peer:
             loop.run_until_complete(self.close())
             loop.close()
 
-    def drain(self, jobs: int, processes: int) -> Drain:
+    def drain(self, jobs: int, processes: int, server: Server | None = None) -> Drain:
         asyncio.run(self.install())
         self.enqueue_rate(jobs, one_by_one=False)
         return timed_drain(
             self.dsn,
             self.remaining_sql,
             jobs,
-            lambda: [
-                spawn(["-m", "bench.peers", *self.worker_command()]) for _ in range(processes)
-            ],
+            lambda: [self.spawn_worker() for _ in range(processes)],
             self.settings(),
+            server,
         )
 
 
@@ -133,7 +138,7 @@ class PgQueuer(Peer):
         return ["pgqueuer", self.dsn, "--batch-size", str(self.batch_size)]
 
     def settings(self) -> str:
-        return f"asyncpg, batch size {self.batch_size}, durable tables (default)"
+        return f"asyncpg, asyncio loop, batch size {self.batch_size}, durable tables (default)"
 
     async def _queries(self) -> tuple[Any, Any]:
         import asyncpg
@@ -165,6 +170,16 @@ class PgQueuer(Peer):
                 await self._queries_.enqueue("noop", payload)
         else:
             await self._queries_.enqueue(["noop"] * len(encoded), encoded, [0] * len(encoded))
+
+
+class PgQueuerUvloop(PgQueuer):
+    name = "pgqueuer-uvloop"
+
+    def worker_command(self) -> list[str]:
+        return [*super().worker_command(), "--uvloop"]
+
+    def settings(self) -> str:
+        return f"asyncpg, uvloop, batch size {self.batch_size}, durable tables (default)"
 
 
 class Procrastinate(Peer):
@@ -259,13 +274,19 @@ def main() -> None:
     parser.add_argument("dsn")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop's event loop")
     args = parser.parse_args()
     run: Coroutine[Any, Any, None]
     if args.peer == "pgqueuer":
         run = pgqueuer_worker(args.dsn, args.batch_size)
     else:
         run = procrastinate_worker(args.dsn, args.concurrency)
-    asyncio.run(run)
+    if args.uvloop:
+        import uvloop
+
+        uvloop.run(run)
+    else:
+        asyncio.run(run)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import rota
 from bench.measure import Drain, Latency, spawn, timed_drain, timed_latency
+from bench.server import Server
 from rota import db
 
 NewDatabase = Callable[[str], str]
@@ -72,9 +73,19 @@ def enqueue_batches(dsn: str, jobs: int, batch: int = BATCH) -> float:
         return jobs / (time.perf_counter() - began)
 
 
-def drain(new_database: NewDatabase, jobs: int, processes: int, concurrency: int) -> Drain:
-    """Pre-enqueue `jobs` no-op jobs, then time `processes` workers emptying the queue."""
-    dsn = fresh(new_database, f"rota_drain_{processes}")
+def drain(
+    new_database: NewDatabase,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    server: Server | None = None,
+    dsn: str | None = None,
+) -> Drain:
+    """Pre-enqueue `jobs` no-op jobs, then time `processes` workers emptying the queue.
+
+    On a fresh database, or on `dsn` as it is (e.g. one with many done rows).
+    """
+    dsn = dsn or fresh(new_database, f"rota_drain_{processes}")
     enqueue_batches(dsn, jobs)
     return timed_drain(
         dsn,
@@ -82,7 +93,33 @@ def drain(new_database: NewDatabase, jobs: int, processes: int, concurrency: int
         jobs,
         lambda: start_workers(dsn, processes, concurrency),
         f"concurrency {concurrency} per process (claims up to the free slots)",
+        server,
     )
+
+
+def with_done_rows(new_database: NewDatabase, rows: int) -> str:
+    """A migrated database holding `rows` done jobs, vacuumed and analyzed.
+
+    One INSERT ... SELECT from generate_series; the rows look like jobs that
+    ran over the past day (finished_at spread over it), as a busy queue keeps
+    them until the archiver moves them.
+    """
+    dsn = fresh(new_database, "rota_done_rows")
+    with db.connect(dsn) as conn:
+        conn.execute(
+            b"""
+            INSERT INTO rota.job (type, payload, status, run_at, attempts, locked_by,
+                                  created_at, started_at, finished_at)
+            SELECT 'bench.noop', jsonb_build_object('i', g), 'done', t, 1, 'bench:0:old',
+                   t, t, t + interval '1 millisecond'
+            FROM generate_series(1, %(rows)s) AS g,
+                 LATERAL (SELECT now() - interval '1 day'
+                                 + g * (interval '1 day' / %(rows)s)) AS ts(t)
+            """,
+            {"rows": rows},
+        )
+        conn.execute(b"VACUUM ANALYZE rota.job")
+    return dsn
 
 
 def latency(new_database: NewDatabase, jobs: int, gap: float, concurrency: int = 10) -> Latency:

@@ -1,200 +1,538 @@
-"""`make bench`: Rota, pgqueuer and procrastinate side by side on one PostgreSQL.
+"""`make bench`: Rota and pgqueuer (asyncio, uvloop) side by side on one PostgreSQL.
 
 Starts a throwaway PostgreSQL server with its default durability (fsync and
 synchronous_commit on), gives every measurement a fresh database on it, and
-prints one table. The peers are measured only when they are installed (they
-are the `bench` extras); `--only-rota` skips them.
+prints two tables: every measure for every queue, then Rota against the best
+pgqueuer setup (asyncio or uvloop) beside the goals. Drains and latencies are
+repeated in rounds, the queues taking turns within each round, so that all of
+them see the same machine; a cell shows the median of the rounds and, in
+brackets, the lowest and highest. The peers are measured only when they are
+installed (`make bench` installs them); `--only-rota` skips them, and
+`--peers pgqueuer,pgqueuer-uvloop,procrastinate` adds procrastinate.
 
-    python -m bench.run [--jobs 20000] [--latency-jobs 300] [--json results.json]
+    python -m bench.run [--rounds 3] [--jobs 20000] [--quick] [--json results.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
+import itertools
 import json
 import logging
+import os
 import platform
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from bench import rota_bench
 from bench.measure import Drain, Latency
-from bench.peers import Peer, PgQueuer, Procrastinate, available
+from bench.peers import Peer, PgQueuer, PgQueuerUvloop, Procrastinate, available
+from bench.server import Server
 
-Row = tuple[str, Callable[[dict[str, Any]], str]]
+NewDatabase = Callable[[str], str]
+PGQUEUER_SETUPS = ("pgqueuer", "pgqueuer-uvloop")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    jobs: int = 20_000
+    """Jobs per drain."""
+    single_jobs: int = 2_000
+    latency_jobs: int = 200
+    gap: float = 0.015
+    concurrency: int = 100
+    rounds: int = 3
+    done_rows: int = 2_000_000
+    procrastinate_jobs: int = 4_000
+    """procrastinate fetches and finishes one job per transaction: a smaller drain
+    tells the same story in a fraction of the time (measured in the first round only)."""
+    peers: tuple[str, ...] = ("pgqueuer", "pgqueuer-uvloop")
+    """procrastinate is left out by default (`--peers` takes it): it finishes one job
+    per transaction, drains 20-100 times slower than either, and its drain alone
+    took more than a minute of the run on the shared machine."""
+
+    @classmethod
+    def quick(cls, **changes: Any) -> Plan:
+        """Tiny counts for a smoke test: every field, no meaningful number."""
+        base = cls(
+            jobs=1_000,
+            single_jobs=50,
+            latency_jobs=10,
+            gap=0.01,
+            rounds=1,
+            done_rows=20_000,
+            procrastinate_jobs=200,
+        )
+        return dataclasses.replace(base, **changes)
+
+
+PEERS: dict[str, type[Peer]] = {
+    "pgqueuer": PgQueuer,
+    "pgqueuer-uvloop": PgQueuerUvloop,
+    "procrastinate": Procrastinate,
+}
+
+Results = dict[str, dict[str, list[Any]]]
+"""Queue -> measure -> one value per round (a float, a Drain or a Latency)."""
 
 
 def measure(
-    new_database: Callable[[str], str],
-    jobs: int,
-    single_jobs: int,
-    latency_jobs: int,
-    gap: float,
-    concurrency: int,
-    peers: bool,
+    new_database: NewDatabase,
+    plan: Plan,
+    server: Server | None = None,
     say: Callable[[str], None] = print,
-) -> dict[str, dict[str, Any]]:
-    """Every measurement, by queue name; each value is a float or a Drain/Latency."""
-    results: dict[str, dict[str, Any]] = {"rota": {}}
-    rota = results["rota"]
-    say("rota: enqueue")
-    rota["single"] = rota_bench.enqueue_single(
-        rota_bench.fresh(new_database, "rota_single"), single_jobs
-    )
-    rota["batch"] = rota_bench.enqueue_batches(rota_bench.fresh(new_database, "rota_batch"), jobs)
-    for processes in (1, 4):
-        say(f"rota: drain with {processes} process(es)")
-        rota[f"drain{processes}"] = rota_bench.drain(new_database, jobs, processes, concurrency)
-    say("rota: enqueue-to-start latency")
-    rota["latency"] = rota_bench.latency(new_database, latency_jobs, gap)
-    if not peers:
-        return results
+) -> Results:
+    """Every measurement of the plan, by queue and measure."""
     installed = available()
-    peer_types: list[type[Peer]] = [PgQueuer, Procrastinate]
-    for peer in peer_types:
-        if not installed[peer.name]:
-            say(f"{peer.name} is not installed; skipped")
-            continue
-        results[peer.name] = _measure_peer(
-            peer, new_database, jobs, single_jobs, latency_jobs, gap, say
-        )
+    peers = []
+    for name in plan.peers:
+        if installed.get(name):
+            peers.append(name)
+        else:
+            say(f"{name} is not installed; skipped")
+    results: Results = {name: {} for name in ["rota", *peers]}
+
+    def add(queue: str, key: str, value: Any) -> None:
+        results[queue].setdefault(key, []).append(value)
+
+    say("rota: enqueue")
+    add(
+        "rota",
+        "single",
+        rota_bench.enqueue_single(rota_bench.fresh(new_database, "rota_single"), plan.single_jobs),
+    )
+    add(
+        "rota",
+        "batch",
+        rota_bench.enqueue_batches(rota_bench.fresh(new_database, "rota_batch"), plan.jobs),
+    )
+    for name in peers:
+        say(f"{name}: enqueue")
+        single = PEERS[name](new_database(f"{name}_single"))
+        asyncio.run(single.install())
+        add(name, "single", single.enqueue_rate(plan.single_jobs, one_by_one=True))
+        batch = PEERS[name](new_database(f"{name}_batch"))
+        asyncio.run(batch.install())
+        add(name, "batch", batch.enqueue_rate(plan.jobs, one_by_one=False))
+
+    say(f"rota: {plan.done_rows:,} done rows")
+    began = time.perf_counter()
+    crowded = rota_bench.with_done_rows(new_database, plan.done_rows)
+    say(
+        f"rota: {plan.done_rows:,} done rows inserted and vacuumed "
+        f"in {time.perf_counter() - began:.0f} s"
+    )
+
+    rotating = [q for q in ["rota", *peers] if q != "procrastinate"]
+    for round_ in range(plan.rounds):
+        # Each round starts with another queue, so no queue always goes first.
+        shift = round_ % len(rotating)
+        for queue in rotating[shift:] + rotating[:shift]:
+            for processes in (1, 2):
+                say(f"round {round_ + 1}: {queue} drain with {processes} process(es)")
+                add(
+                    queue, f"drain{processes}", _drain(queue, new_database, plan, processes, server)
+                )
+            say(f"round {round_ + 1}: {queue} enqueue-to-start latency")
+            add(queue, "latency", _latency(queue, new_database, plan))
+            if queue == "rota":
+                for processes in (1, 2):
+                    say(
+                        f"round {round_ + 1}: rota drain beside {plan.done_rows:,} done rows, "
+                        f"{processes} process(es)"
+                    )
+                    add(
+                        "rota",
+                        f"drain{processes}_done",
+                        rota_bench.drain(
+                            new_database, plan.jobs, processes, plan.concurrency, server, crowded
+                        ),
+                    )
+        if round_ == 0 and "procrastinate" in peers:
+            for processes in (1, 2):
+                say(
+                    f"procrastinate: drain of {plan.procrastinate_jobs:,} "
+                    f"with {processes} process(es)"
+                )
+                peer = Procrastinate(new_database(f"procrastinate_drain_{processes}"))
+                add(
+                    "procrastinate",
+                    f"drain{processes}",
+                    peer.drain(plan.procrastinate_jobs, processes, server),
+                )
+            say("procrastinate: enqueue-to-start latency")
+            add("procrastinate", "latency", _latency("procrastinate", new_database, plan))
     return results
 
 
-def _measure_peer(
-    peer: type[Peer],
-    new_database: Callable[[str], str],
-    jobs: int,
-    single_jobs: int,
-    latency_jobs: int,
-    gap: float,
-    say: Callable[[str], None],
-) -> dict[str, Any]:
-    import asyncio
-
-    found: dict[str, Any] = {}
-    say(f"{peer.name}: enqueue")
-    single = peer(new_database(f"{peer.name}_single"))
-    asyncio.run(single.install())
-    found["single"] = single.enqueue_rate(single_jobs, one_by_one=True)
-    batch = peer(new_database(f"{peer.name}_batch"))
-    asyncio.run(batch.install())
-    found["batch"] = batch.enqueue_rate(jobs, one_by_one=False)
-    # procrastinate fetches and finishes one job per transaction: a smaller
-    # drain tells the same story in a fraction of the time.
-    drain_jobs = jobs if peer is PgQueuer else max(1, jobs // 4)
-    for processes in (1, 4):
-        say(f"{peer.name}: drain of {drain_jobs} with {processes} process(es)")
-        found[f"drain{processes}"] = peer(new_database(f"{peer.name}_drain_{processes}")).drain(
-            drain_jobs, processes
-        )
-    say(f"{peer.name}: enqueue-to-start latency")
-    found["latency"] = peer(new_database(f"{peer.name}_latency")).latency(latency_jobs, gap)
-    return found
+def _drain(
+    queue: str, new_database: NewDatabase, plan: Plan, processes: int, server: Server | None
+) -> Drain:
+    if queue == "rota":
+        return rota_bench.drain(new_database, plan.jobs, processes, plan.concurrency, server)
+    peer = PEERS[queue](new_database(f"{queue}_drain_{processes}"))
+    return peer.drain(plan.jobs, processes, server)
 
 
-ROWS: list[Row] = [
-    ("enqueue, one per transaction (jobs/s)", lambda r: _rate(r.get("single"))),
-    ("enqueue, batches of 1,000 (jobs/s)", lambda r: _rate(r.get("batch"))),
-    ("drain no-op jobs, 1 process (jobs/s)", lambda r: _drain(r.get("drain1"))),
-    ("drain no-op jobs, 4 processes (jobs/s)", lambda r: _drain(r.get("drain4"))),
-    ("enqueue-to-start p50 (ms)", lambda r: _ms(r.get("latency"), "p50_ms")),
-    ("enqueue-to-start p99 (ms)", lambda r: _ms(r.get("latency"), "p99_ms")),
+def _latency(queue: str, new_database: NewDatabase, plan: Plan) -> Latency:
+    if queue == "rota":
+        return rota_bench.latency(new_database, plan.latency_jobs, plan.gap)
+    return PEERS[queue](new_database(f"{queue}_latency")).latency(plan.latency_jobs, plan.gap)
+
+
+# -- summarising ------------------------------------------------------------
+Extract = Callable[[dict[str, list[Any]]], list[float]]
+
+
+def _field(key: str, attr: str) -> Extract:
+    def values(found: dict[str, list[Any]]) -> list[float]:
+        out = []
+        for item in found.get(key, []):
+            value = item if attr == "" else getattr(item, attr)
+            if value is not None:
+                out.append(float(value))
+        return out
+
+    return values
+
+
+def _crowded_ratio(processes: int) -> Extract:
+    """Per round: the drain beside the done rows over the drain on an empty table."""
+
+    def values(found: dict[str, list[Any]]) -> list[float]:
+        empty, crowded = found.get(f"drain{processes}", []), found.get(f"drain{processes}_done", [])
+        return [c.rate / e.rate for e, c in zip(empty, crowded, strict=False)]
+
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    values: Extract
+    higher_is_better: bool
+    digits: int = 0
+
+
+METRICS = [
+    Metric("enqueue_single", "enqueue, one per transaction (jobs/s)", _field("single", ""), True),
+    Metric("enqueue_batch", "enqueue, batches of 1,000 (jobs/s)", _field("batch", ""), True),
+    Metric("drain1", "drain no-op jobs, 1 process (jobs/s)", _field("drain1", "rate"), True),
+    Metric("drain2", "drain no-op jobs, 2 processes (jobs/s)", _field("drain2", "rate"), True),
+    Metric(
+        "cpu1",
+        "server CPU s per 1,000 jobs, 1 process",
+        _field("drain1", "cpu_seconds_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric(
+        "cpu2",
+        "server CPU s per 1,000 jobs, 2 processes",
+        _field("drain2", "cpu_seconds_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric("wal1", "WAL bytes per job, 1 process", _field("drain1", "wal_bytes_per_job"), False),
+    Metric("wal2", "WAL bytes per job, 2 processes", _field("drain2", "wal_bytes_per_job"), False),
+    Metric("commits1", "commits per job, 1 process", _field("drain1", "commits_per_job"), False, 4),
+    Metric(
+        "commits2", "commits per job, 2 processes", _field("drain2", "commits_per_job"), False, 4
+    ),
+    Metric("p50", "enqueue-to-start p50 (ms)", _field("latency", "p50_ms"), False, 1),
+    Metric("p99", "enqueue-to-start p99 (ms)", _field("latency", "p99_ms"), False, 1),
+    Metric(
+        "drain1_done",
+        "drain beside the done rows, 1 process (jobs/s)",
+        _field("drain1_done", "rate"),
+        True,
+    ),
+    Metric(
+        "drain2_done",
+        "drain beside the done rows, 2 processes (jobs/s)",
+        _field("drain2_done", "rate"),
+        True,
+    ),
+    Metric(
+        "done_ratio1",
+        "  the same over the empty-table drain, 1 process",
+        _crowded_ratio(1),
+        True,
+        2,
+    ),
+    Metric(
+        "done_ratio2",
+        "  the same over the empty-table drain, 2 processes",
+        _crowded_ratio(2),
+        True,
+        2,
+    ),
+]
+BY_KEY = {m.key: m for m in METRICS}
+
+
+def summary(results: Results) -> dict[str, dict[str, dict[str, Any]]]:
+    """Queue -> metric -> median, min, max and every round's value."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for queue, found in results.items():
+        out[queue] = {}
+        for metric in METRICS:
+            values = metric.values(found)
+            if values:
+                out[queue][metric.key] = {
+                    "median": statistics.median(values),
+                    "min": min(values),
+                    "max": max(values),
+                    "values": values,
+                }
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    label: str
+    metric: str
+    target: float
+    kind: str
+    """"ratio>=" / "ratio<=": Rota over pgqueuer's best; "<" / ">=": Rota's own value."""
+
+
+GOALS = [
+    Goal("drain, 1 process", "drain1", 2.0, "ratio>="),
+    Goal("drain, 2 processes", "drain2", 2.0, "ratio>="),
+    Goal("server CPU per job, 1 process", "cpu1", 0.6, "ratio<="),
+    Goal("server CPU per job, 2 processes", "cpu2", 0.6, "ratio<="),
+    Goal("WAL per job, 1 process", "wal1", 0.7, "ratio<="),
+    Goal("WAL per job, 2 processes", "wal2", 0.7, "ratio<="),
+    Goal("commits per job, 1 process (no goal)", "commits1", 0.0, "ratio"),
+    Goal("commits per job, 2 processes (no goal)", "commits2", 0.0, "ratio"),
+    Goal("enqueue-to-start p50 (ms)", "p50", 3.0, "<"),
+    Goal("enqueue-to-start p99 (ms)", "p99", 10.0, "<"),
+    Goal("2M-done drain over empty, 1 process", "done_ratio1", 0.9, ">="),
+    Goal("2M-done drain over empty, 2 processes", "done_ratio2", 0.9, ">="),
 ]
 
 
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
+def goals(summed: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each goal with Rota's median, pgqueuer's best median (and which setup), the ratio."""
+    rows = []
+    for goal in GOALS:
+        metric = BY_KEY[goal.metric]
+        rota = summed.get("rota", {}).get(goal.metric, {}).get("median")
+        best_setup, best = None, None
+        for setup in PGQUEUER_SETUPS:
+            value = summed.get(setup, {}).get(goal.metric, {}).get("median")
+            if value is None:
+                continue
+            if best is None or (value > best if metric.higher_is_better else value < best):
+                best_setup, best = setup, value
+        ratio = rota / best if rota is not None and best else None
+        if goal.kind == "ratio>=":
+            met = None if ratio is None else ratio >= goal.target
+        elif goal.kind == "ratio<=":
+            met = None if ratio is None else ratio <= goal.target
+        elif goal.kind == "<":
+            met = None if rota is None else rota < goal.target
+        elif goal.kind == ">=":
+            met = None if rota is None else rota >= goal.target
+        else:
+            met = None
+        rows.append(
+            {
+                "goal": goal.label,
+                "metric": goal.metric,
+                "rota": rota,
+                "pgqueuer_best": best,
+                "pgqueuer_best_setup": best_setup,
+                "ratio": ratio,
+                "target": None
+                if goal.kind == "ratio"
+                else f"{goal.kind.replace('ratio', 'ratio ')} {goal.target}",
+                "met": met,
+            }
+        )
+    return rows
 
 
-def _drain(value: Drain | None) -> str:
-    return "-" if value is None else f"{value.rate:,.0f}"
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _ms(value: Latency | None, field: str) -> str:
-    return "-" if value is None else f"{getattr(value, field):.1f}"
+def _cell(entry: dict[str, Any] | None, digits: int) -> str:
+    if not entry:
+        return "-"
+    text = _number(entry["median"], digits)
+    if len(entry["values"]) > 1:
+        text += f" ({_number(entry['min'], digits)}-{_number(entry['max'], digits)})"
+    return text
 
 
-def table(results: dict[str, dict[str, Any]]) -> str:
-    """The results as a Markdown table, then how each queue was set up."""
+def table(results: Results) -> str:
+    """The results as Markdown: every measure, then Rota against the goals."""
+    summed = summary(results)
     names = list(results)
     lines = [
         "| measure | " + " | ".join(names) + " |",
         "|---|" + "---:|" * len(names),
     ]
-    for label, cell in ROWS:
-        lines.append(f"| {label} | " + " | ".join(cell(results[n]) for n in names) + " |")
+    for metric in METRICS:
+        cells = [_cell(summed[n].get(metric.key), metric.digits) for n in names]
+        if all(c == "-" for c in cells):
+            continue
+        lines.append(f"| {metric.label} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| goal | Rota | pgqueuer best | Rota / pgqueuer | target | met |",
+        "|---|---:|---:|---:|---|:---:|",
+    ]
+    for row in goals(summed):
+        digits = BY_KEY[row["metric"]].digits
+        best = _number(row["pgqueuer_best"], digits)
+        if row["pgqueuer_best_setup"]:
+            best += f" ({row['pgqueuer_best_setup']})"
+        met = {True: "yes", False: "no", None: "-"}[row["met"]]
+        lines.append(
+            f"| {row['goal']} | {_number(row['rota'], digits)} | {best} "
+            f"| {_number(row['ratio'], 2)} | {row['target'] or '-'} | {met} |"
+        )
     lines.append("")
     for name in names:
-        drains = [results[name].get(f"drain{p}") for p in (1, 4)]
-        done = [d for d in drains if d is not None]
-        if done:
-            lines.append(f"- {name} drain: {done[0].jobs:,} jobs, {done[0].settings}")
-        if results[name].get("latency") is not None:
-            lat = results[name]["latency"]
+        drains = results[name].get("drain1") or results[name].get("drain2")
+        if drains:
+            lines.append(f"- {name} drain: {drains[0].jobs:,} jobs, {drains[0].settings}")
+        if results[name].get("latency"):
+            lat = results[name]["latency"][0]
             lines.append(f"- {name} latency: {lat.jobs} jobs, {lat.settings}")
     return "\n".join(lines)
 
 
-def _jsonable(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {
-        name: {
-            k: dataclasses.asdict(v) if isinstance(v, Drain | Latency) else v
-            for k, v in found.items()
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Drain):
+        return {
+            **dataclasses.asdict(value),
+            "cpu_seconds_per_1000_jobs": value.cpu_seconds_per_1000_jobs,
+            "wal_bytes_per_job": value.wal_bytes_per_job,
+            "commits_per_job": value.commits_per_job,
         }
-        for name, found in results.items()
+    if isinstance(value, Latency):
+        return dataclasses.asdict(value)
+    return value
+
+
+def report(results: Results, plan: Plan, about: dict[str, Any]) -> dict[str, Any]:
+    summed = summary(results)
+    return {
+        "about": about,
+        "plan": dataclasses.asdict(plan),
+        "summary": summed,
+        "goals": goals(summed),
+        "results": {
+            queue: {key: [_jsonable(v) for v in values] for key, values in found.items()}
+            for queue, found in results.items()
+        },
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
-    parser.add_argument("--single-jobs", type=int, default=2_000)
-    parser.add_argument("--latency-jobs", type=int, default=300)
-    parser.add_argument("--gap", type=float, default=0.02, help="seconds between latency jobs")
-    parser.add_argument("--concurrency", type=int, default=100, help="Rota worker concurrency")
+    defaults = Plan()
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny counts, one round (smoke test)")
+    parser.add_argument(
+        "--rounds", type=int, help=f"rounds of drains and latencies ({defaults.rounds})"
+    )
+    parser.add_argument("--jobs", type=int, help=f"jobs per drain ({defaults.jobs:,})")
+    parser.add_argument(
+        "--single-jobs", type=int, help=f"one-per-transaction enqueues ({defaults.single_jobs:,})"
+    )
+    parser.add_argument(
+        "--latency-jobs", type=int, help=f"jobs per latency round ({defaults.latency_jobs})"
+    )
+    parser.add_argument("--gap", type=float, help=f"seconds between latency jobs ({defaults.gap})")
+    parser.add_argument(
+        "--concurrency", type=int, help=f"Rota worker concurrency ({defaults.concurrency})"
+    )
+    parser.add_argument(
+        "--done-rows", type=int, help=f"done rows beside the crowded drain ({defaults.done_rows:,})"
+    )
+    parser.add_argument(
+        "--peers", help="comma-separated, of " + ",".join(PEERS) + f" ({','.join(defaults.peers)})"
+    )
     parser.add_argument("--only-rota", action="store_true")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
+    plan = Plan.quick() if args.quick else Plan()
+    changes: dict[str, Any] = {
+        field: getattr(args, field)
+        for field in (
+            "rounds",
+            "jobs",
+            "single_jobs",
+            "latency_jobs",
+            "gap",
+            "concurrency",
+            "done_rows",
+        )
+        if getattr(args, field) is not None
+    }
+    if any(v <= 0 for v in changes.values()):
+        parser.error("counts, rounds and the gap must be positive")
+    if args.peers is not None:
+        chosen = tuple(p for p in args.peers.split(",") if p)
+        unknown = set(chosen) - set(PEERS)
+        if unknown:
+            parser.error(f"unknown peers: {', '.join(sorted(unknown))}")
+        changes["peers"] = chosen
+    if args.only_rota:
+        changes["peers"] = ()
+    plan = dataclasses.replace(plan, **changes)
     logging.basicConfig(level=logging.WARNING)
 
+    from bench.server import postmaster_pid
     from rota.testing import EmbeddedPostgres
 
     say = lambda text: print(f"... {text}", file=sys.stderr, flush=True)  # noqa: E731
-    with EmbeddedPostgres(durable=True) as server:
-        results = measure(
-            server.create_database,
-            args.jobs,
-            args.single_jobs,
-            args.latency_jobs,
-            args.gap,
-            args.concurrency,
-            peers=not args.only_rota,
-            say=say,
-        )
+    began = time.perf_counter()
+    names = itertools.count()
+    with EmbeddedPostgres(durable=True) as pg:
+        server = Server(pg.data, pg.url())
+        version = server.version()
+        assert postmaster_pid(pg.data) == server.postmaster
+        try:
+            results = measure(
+                lambda name: pg.create_database(f"{name}_{next(names)}"), plan, server, say
+            )
+        finally:
+            server.close()
+    load = os.getloadavg()
+    about: dict[str, Any] = {
+        "machine": platform.machine(),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "postgres": version,
+        "load_average_at_end": list(load),
+        "seconds": round(time.perf_counter() - began),
+    }
     print(
-        f"\n{platform.machine()}, {_cores()} cores, Python {platform.python_version()}, "
-        f"load average {_load()} at the end\n"
+        f"\n{about['machine']}, {about['cores']} cores, Python {about['python']}, "
+        f"PostgreSQL {version} (fsync and synchronous_commit on), "
+        f"load average {' '.join(f'{x:.1f}' for x in load)} at the end, "
+        f"{plan.rounds} round(s) in {about['seconds']} s\n"
     )
     print(table(results))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(_jsonable(results), out, indent=2)
+            json.dump(report(results, plan, about), out, indent=2)
     return 0
-
-
-def _load() -> str:
-    import os
-
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":

@@ -1,24 +1,43 @@
-"""The benchmark runs end to end on Rota with tiny counts (no timings are checked).
+"""The benchmark and the load soak run end to end with tiny counts.
 
-The peers (pgqueuer, procrastinate) are bench extras, not test dependencies,
-so only Rota's part runs here.
+Each runs as `make bench BENCH_ARGS=--quick` would, on its own durable
+embedded PostgreSQL, and must produce every field; no timing is checked (speed
+is measured by `make bench`, never asserted). The peers (pgqueuer, uvloop,
+procrastinate) are bench extras, not test dependencies: the run beside them is
+skipped when they are not installed.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
+import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.measure import Drain, Latency, percentile  # noqa: E402
-from bench.run import measure, table  # noqa: E402
+from bench.measure import percentile  # noqa: E402
+from bench.run import GOALS, METRICS  # noqa: E402
 
-_names = itertools.count()
+ROTA_METRICS = {m.key for m in METRICS}
+PEER_METRICS = ROTA_METRICS - {"drain1_done", "drain2_done", "done_ratio1", "done_ratio2"}
+
+
+def run_module(module: str, *args: str, timeout: float = 280) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -28,37 +47,83 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([7.0], 0.99) == 7
 
 
-def test_rota_part_of_the_benchmark_runs_end_to_end(pg_server) -> None:
-    created: list[str] = []
+def _check_rota(report: dict[str, Any]) -> None:
+    rota = report["summary"]["rota"]
+    assert set(rota) == ROTA_METRICS
+    for entry in rota.values():
+        assert entry["min"] <= entry["median"] <= entry["max"]
+    for drain in report["results"]["rota"]["drain2"]:
+        assert drain["processes"] == 2 and drain["jobs"] == report["plan"]["jobs"]
+        assert drain["server_cpu_seconds"] is not None and drain["server_cpu_seconds"] >= 0
+        assert drain["wal_bytes"] > 0 and drain["commits"] > 0
+    assert report["about"]["postgres"]
+    assert [g["metric"] for g in report["goals"]] == [g.metric for g in GOALS]
 
-    def new_database(name: str) -> str:
-        unique = f"bench_{os.getpid()}_{next(_names)}_{name}"
-        created.append(unique)
-        return pg_server.create(unique)
 
-    try:
-        results = measure(
-            new_database,
-            jobs=300,
-            single_jobs=20,
-            latency_jobs=5,
-            gap=0.01,
-            concurrency=20,
-            peers=False,
-            say=lambda _: None,
-        )
-    finally:
-        for name in created:
-            pg_server.drop(name)
+def test_benchmark_of_rota_alone_produces_every_field(tmp_path: Path) -> None:
+    out = tmp_path / "latest.json"
+    printed = run_module("bench.run", "--quick", "--only-rota", "--json", str(out))
+    report = json.loads(out.read_text())
+    _check_rota(report)
+    for goal in report["goals"]:
+        assert goal["rota"] is not None
+    assert "| server CPU s per 1,000 jobs, 2 processes |" in printed
+    assert "| goal | Rota | pgqueuer best |" in printed
 
-    rota = results["rota"]
-    assert rota["single"] > 0 and rota["batch"] > 0
-    for processes in (1, 4):
-        drain = rota[f"drain{processes}"]
-        assert isinstance(drain, Drain)
-        assert (drain.jobs, drain.processes) == (300, processes)
-        assert drain.rate > 0
-    assert isinstance(rota["latency"], Latency) and rota["latency"].jobs == 5
-    printed = table(results)
-    assert "| drain no-op jobs, 4 processes (jobs/s) |" in printed
-    assert "| enqueue-to-start p50 (ms) |" in printed
+
+def test_benchmark_beside_pgqueuer_produces_every_ratio(tmp_path: Path) -> None:
+    pytest.importorskip("pgqueuer")
+    pytest.importorskip("uvloop")
+    out = tmp_path / "latest.json"
+    run_module("bench.run", "--quick", "--peers", "pgqueuer,pgqueuer-uvloop", "--json", str(out))
+    report = json.loads(out.read_text())
+    _check_rota(report)
+    for setup in ("pgqueuer", "pgqueuer-uvloop"):
+        assert set(report["summary"][setup]) == PEER_METRICS
+    for goal in report["goals"]:
+        if goal["metric"].startswith(("drain", "cpu", "wal", "commits", "p")):
+            assert goal["ratio"] is not None, goal
+
+
+def test_load_soak_samples_every_field(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    printed = run_module(
+        "bench.soak_load",
+        *("--minutes", "0.15", "--sample-seconds", "3", "--rate", "50", "--json", str(out)),
+    )
+    result = json.loads(out.read_text())
+    assert result["enqueued"] > 0 and len(result["samples"]) >= 2
+    fields = {
+        "table_bytes", "index_bytes", "total_bytes", "n_live_tup", "n_dead_tup",
+        "last_autovacuum", "autovacuum_count", "ready", "running", "archived",
+        "started", "p50_ms", "p99_ms", "max_ms", "elapsed_s", "server_cpu_s", "enqueued",
+        "producer_lag_s",
+    }  # fmt: skip
+    for sample in result["samples"]:
+        assert fields <= set(sample)
+    assert set(result["summary"]) >= {"max_total_mb", "median_p99_ms", "archived"}
+    assert "| min | table MB |" in printed
+
+
+def test_load_soak_refuses_a_bad_rate() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.soak_load", "--rate", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "must be positive" in done.stderr
+
+
+def test_plan_findings_show_every_hot_statement(tmp_path: Path) -> None:
+    out = tmp_path / "findings.json"
+    run_module("bench.findings", "--skip-drains", "--done-rows", "0", "--json", str(out))
+    plans = json.loads(out.read_text())["plans"]
+    for name in ("claim_jobs", "extend_leases", "finish_jobs"):
+        entry = plans[name]
+        assert entry["generic_plan"].startswith("Update on job")
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            assert "Execution Time" in entry[mode]["plan"]
+        assert len(entry["calls_ms"]) == 20 and len(entry["executed_plans"]) == 20
+        assert set(entry["prepared"]) == {"generic_plans", "custom_plans"}
