@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
 
 from rota import sql
-from rota.db import Conn, fetch_all
+from rota.db import Conn, errors_wrapped, fetch_all
 from rota.jobs import Job, Outcome, Status
 
 
@@ -62,19 +65,63 @@ def claim(
     if limit < 1:
         return []
     rows = fetch_all(
-        conn,
-        sql.query("claim_jobs"),
-        {
-            "worker": worker_id,
-            "limit": limit,
-            "lease": lease_seconds,
-            "types": list(types) if types is not None else None,
-            "now": now,
-        },
+        conn, sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
     )
+    return _jobs(rows)
+
+
+def _claim_params(
+    worker_id: str,
+    limit: int,
+    lease_seconds: float,
+    types: Sequence[str] | None,
+    now: datetime | None,
+) -> dict[str, object]:
+    return {
+        "worker": worker_id,
+        "limit": limit,
+        "lease": lease_seconds,
+        "types": list(types) if types is not None else None,
+        "now": now,
+    }
+
+
+def _jobs(rows: list[dict[str, Any]]) -> list[Job]:
+    """Claimed rows as jobs, in the order they should start."""
     return sorted(
         (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.id)
     )
+
+
+def write_and_claim(
+    conn: Conn,
+    worker_id: str,
+    attempts: Sequence[Attempt],
+    limit: int,
+    lease_seconds: float,
+    types: Sequence[str] | None = None,
+    now: datetime | None = None,
+) -> tuple[dict[tuple[int, int], Status], list[Job]]:
+    """Write a batch of outcomes and claim up to `limit` jobs: one round trip, one commit.
+
+    Both statements travel together (pipeline mode) in one transaction, so a
+    batch's outcomes cost no commit of their own. Each outcome is still
+    conditional on its lease. Either both happen or neither: if the
+    transaction fails, no outcome was written and the caller keeps them.
+    """
+    if not attempts:
+        return {}, claim(conn, worker_id, limit, lease_seconds, types, now)
+    with errors_wrapped(), conn.pipeline(), conn.transaction():
+        written = conn.cursor(row_factory=dict_row)
+        written.execute(sql.query("write_outcomes"), _outcome_params(worker_id, attempts, now))
+        claimed = conn.cursor(row_factory=dict_row)
+        claimed.execute(
+            sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
+        )
+    with errors_wrapped():
+        statuses = {(r["id"], r["attempts"]): Status(r["status"]) for r in written.fetchall()}
+        jobs = _jobs(claimed.fetchall())
+    return statuses, jobs
 
 
 def extend_leases(
@@ -112,20 +159,22 @@ def write_outcomes(
     batch = list(attempts)
     if not batch:
         return {}
-    rows = fetch_all(
-        conn,
-        sql.query("write_outcomes"),
-        {
-            "ids": [a.job_id for a in batch],
-            "attempts": [a.attempts for a in batch],
-            "outcomes": [a.outcome.value for a in batch],
-            "delays": [float(a.delay) for a in batch],
-            "errors": [a.error for a in batch],
-            "worker": worker_id,
-            "now": now,
-        },
-    )
+    rows = fetch_all(conn, sql.query("write_outcomes"), _outcome_params(worker_id, batch, now))
     return {(r["id"], r["attempts"]): Status(r["status"]) for r in rows}
+
+
+def _outcome_params(
+    worker_id: str, batch: Sequence[Attempt], now: datetime | None
+) -> dict[str, object]:
+    return {
+        "ids": [a.job_id for a in batch],
+        "attempts": [a.attempts for a in batch],
+        "outcomes": [a.outcome.value for a in batch],
+        "delays": [float(a.delay) for a in batch],
+        "errors": [a.error for a in batch],
+        "worker": worker_id,
+        "now": now,
+    }
 
 
 def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:

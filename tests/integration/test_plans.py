@@ -1,4 +1,5 @@
-"""The hot statements keep index-driven plans once psycopg has prepared them.
+"""The hot statements keep index-driven plans once psycopg has prepared them,
+and the claim that carries a batch of outcomes commits both or neither.
 
 psycopg prepares a statement on its sixth execution; PostgreSQL then plans the
 next five custom and may switch to a generic plan, estimated without the
@@ -20,9 +21,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row, tuple_row
 
+import rota
 from rota import claim as claims
 from rota import sql
 from rota.claim import Attempt
+from rota.errors import DatabaseError
 from rota.jobs import Outcome
 
 WORKER = "plans-worker"
@@ -138,3 +141,39 @@ def test_claim_walks_the_claim_index(crowded: str) -> None:
         plan = _generic_plan(c, "claim_jobs")
         _assert_keyed(plan)
         assert "job_claim_idx" in json.dumps(plan)
+
+
+# -- the claim that carries outcomes --------------------------------------------
+
+
+def _xmin(conn: psycopg.Connection[Any], ids: list[int]) -> set[str]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute("SELECT xmin::text FROM rota.job WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_outcomes_and_the_next_claim_commit_together(conn) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(5)])
+    first = claims.claim(conn, WORKER, 3, 30.0)
+    conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (first[2].id,))
+    attempts = [Attempt(j.id, j.attempts, Outcome.DONE) for j in first]
+    written, jobs = claims.write_and_claim(conn, WORKER, attempts, 10, 30.0)
+    assert set(written) == {(j.id, j.attempts) for j in first[:2]}  # the stolen one is not
+    assert len(jobs) == 2 and all(j.locked_by == WORKER for j in jobs)
+    # One transaction: the written rows and the claimed rows carry the same xmin.
+    assert len(_xmin(conn, [j.id for j in first[:2]] + [j.id for j in jobs])) == 1
+
+
+def test_a_failed_claim_writes_none_of_the_outcomes_it_carried(conn) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
+    first = claims.claim(conn, WORKER, 2, 30.0)
+    attempts = [Attempt(j.id, j.attempts, Outcome.DONE) for j in first]
+    with pytest.raises(DatabaseError):
+        claims.write_and_claim(conn, WORKER, attempts, -1, 30.0)  # LIMIT -1 is refused
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            "SELECT status FROM rota.job WHERE id = ANY(%s)", ([j.id for j in first],)
+        ).fetchall()
+    assert [r[0] for r in rows] == ["running", "running"]
+    written, jobs = claims.write_and_claim(conn, WORKER, attempts, 10, 30.0)
+    assert len(written) == 2 and len(jobs) == 1  # the connection is usable again
