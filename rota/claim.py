@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg import Cursor
+from psycopg.rows import dict_row, tuple_row
 
 from rota import sql
 from rota.db import Conn, errors_wrapped, fetch_all
@@ -64,10 +65,11 @@ def claim(
     """Claim up to `limit` ready jobs (of `types`, or any) for `worker_id`."""
     if limit < 1:
         return []
-    rows = fetch_all(
-        conn, sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
-    )
-    return _jobs(rows)
+    with errors_wrapped(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
+        )
+        return _jobs(cur)
 
 
 def _claim_params(
@@ -86,11 +88,33 @@ def _claim_params(
     }
 
 
-def _jobs(rows: list[dict[str, Any]]) -> list[Job]:
-    """Claimed rows as jobs, in the order they should start."""
-    return sorted(
-        (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.id)
-    )
+_JOB_FIELDS = [f.name for f in dataclasses.fields(Job) if f.init and f.name != "cancelled"]
+_STATUS = {status.value: status for status in Status}
+_STATUS_AT = _JOB_FIELDS.index("status")
+
+
+def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
+    """Claimed rows as jobs, in the order they should start.
+
+    The claim returns a Job's columns in its field order, so each job is
+    built positionally; any other shape is built by name.
+    """
+    names = [column.name for column in cur.description or ()]
+    rows = cur.fetchall()
+    if names == _JOB_FIELDS:
+        jobs = []
+        for row in rows:
+            values = list(row)
+            values[_STATUS_AT] = _STATUS[values[_STATUS_AT]]
+            jobs.append(Job(*values))
+    else:
+        jobs = [Job.from_row(dict(zip(names, row, strict=True))) for row in rows]
+    jobs.sort(key=_start_order)
+    return jobs
+
+
+def _start_order(job: Job) -> tuple[int, datetime, int]:
+    return (job.priority, job.run_at, job.id)
 
 
 def write_and_claim(
@@ -114,13 +138,13 @@ def write_and_claim(
     with errors_wrapped(), conn.pipeline(), conn.transaction():
         written = conn.cursor(row_factory=dict_row)
         written.execute(sql.query("write_outcomes"), _outcome_params(worker_id, attempts, now))
-        claimed = conn.cursor(row_factory=dict_row)
+        claimed = conn.cursor(row_factory=tuple_row)
         claimed.execute(
             sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
         )
     with errors_wrapped():
         statuses = {(r["id"], r["attempts"]): Status(r["status"]) for r in written.fetchall()}
-        jobs = _jobs(claimed.fetchall())
+        jobs = _jobs(claimed)
     return statuses, jobs
 
 

@@ -74,7 +74,12 @@ SET status = 'running',
     started_at = coalesce(%(now)s::timestamptz, now())
 FROM picked
 WHERE j.id = picked.id
-RETURNING j.*
+-- The columns of a Job, in its order, so that the worker builds each one
+-- positionally.
+RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,
+          j.max_attempts, j.locked_by, j.locked_until, j.last_error, j.created_at,
+          j.started_at, j.finished_at, j.schedule_id, j.slot, j.priority, j.timeout_seconds,
+          j.cancel_requested_at, j.releases
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the

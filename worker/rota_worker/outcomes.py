@@ -24,7 +24,7 @@ from rota import claim as claims
 from rota.claim import Attempt
 from rota.errors import DatabaseUnavailable
 from rota.jobs import Outcome, Status
-from rota.metrics import record_outcome
+from rota.metrics import record_outcomes
 from rota_worker.link import Backoff, Link
 
 log = logging.getLogger("rota.worker")
@@ -198,8 +198,11 @@ class OutcomeBuffer:
 
 
 def _count(batch: list[Attempt], outcomes: list[Outcome]) -> None:
-    for a, outcome in zip(batch, outcomes, strict=True):
-        record_outcome(a.type, outcome, a.duration_seconds, a.attempts)
+    """Metrics for a settled batch, counted once per batch."""
+    record_outcomes(
+        (a.type, outcome, a.duration_seconds, a.attempts)
+        for a, outcome in zip(batch, outcomes, strict=True)
+    )
 
 
 def _final(attempt: Attempt, status: Status | None, lost: bool) -> Outcome:
