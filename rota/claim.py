@@ -11,9 +11,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
+
+from psycopg import Cursor
+from psycopg.rows import dict_row, tuple_row
 
 from rota import sql
-from rota.db import Conn, fetch_all
+from rota.db import Conn, errors_wrapped, fetch_all
 from rota.jobs import Job, Outcome, Status
 
 
@@ -61,20 +65,87 @@ def claim(
     """Claim up to `limit` ready jobs (of `types`, or any) for `worker_id`."""
     if limit < 1:
         return []
-    rows = fetch_all(
-        conn,
-        sql.query("claim_jobs"),
-        {
-            "worker": worker_id,
-            "limit": limit,
-            "lease": lease_seconds,
-            "types": list(types) if types is not None else None,
-            "now": now,
-        },
-    )
-    return sorted(
-        (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.id)
-    )
+    with errors_wrapped(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
+        )
+        return _jobs(cur)
+
+
+def _claim_params(
+    worker_id: str,
+    limit: int,
+    lease_seconds: float,
+    types: Sequence[str] | None,
+    now: datetime | None,
+) -> dict[str, object]:
+    return {
+        "worker": worker_id,
+        "limit": limit,
+        "lease": lease_seconds,
+        "types": list(types) if types is not None else None,
+        "now": now,
+    }
+
+
+_JOB_FIELDS = [f.name for f in dataclasses.fields(Job) if f.init and f.name != "cancelled"]
+_STATUS = {status.value: status for status in Status}
+_STATUS_AT = _JOB_FIELDS.index("status")
+
+
+def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
+    """Claimed rows as jobs, in the order they should start.
+
+    The claim returns a Job's columns in its field order, so each job is
+    built positionally; any other shape is built by name.
+    """
+    names = [column.name for column in cur.description or ()]
+    rows = cur.fetchall()
+    if names == _JOB_FIELDS:
+        jobs = []
+        for row in rows:
+            values = list(row)
+            values[_STATUS_AT] = _STATUS[values[_STATUS_AT]]
+            jobs.append(Job(*values))
+    else:
+        jobs = [Job.from_row(dict(zip(names, row, strict=True))) for row in rows]
+    jobs.sort(key=_start_order)
+    return jobs
+
+
+def _start_order(job: Job) -> tuple[int, datetime, int]:
+    return (job.priority, job.run_at, job.id)
+
+
+def write_and_claim(
+    conn: Conn,
+    worker_id: str,
+    attempts: Sequence[Attempt],
+    limit: int,
+    lease_seconds: float,
+    types: Sequence[str] | None = None,
+    now: datetime | None = None,
+) -> tuple[dict[tuple[int, int], Status], list[Job]]:
+    """Write a batch of outcomes and claim up to `limit` jobs: one round trip, one commit.
+
+    Both statements travel together (pipeline mode) in one transaction, so a
+    batch's outcomes cost no commit of their own. Each outcome is still
+    conditional on its lease. Either both happen or neither: if the
+    transaction fails, no outcome was written and the caller keeps them.
+    """
+    if not attempts:
+        return {}, claim(conn, worker_id, limit, lease_seconds, types, now)
+    with errors_wrapped(), conn.pipeline(), conn.transaction():
+        written = conn.cursor(row_factory=dict_row)
+        written.execute(sql.query("write_outcomes"), _outcome_params(worker_id, attempts, now))
+        claimed = conn.cursor(row_factory=tuple_row)
+        claimed.execute(
+            sql.query("claim_jobs"), _claim_params(worker_id, limit, lease_seconds, types, now)
+        )
+    with errors_wrapped():
+        statuses = {(r["id"], r["attempts"]): Status(r["status"]) for r in written.fetchall()}
+        jobs = _jobs(claimed)
+    return statuses, jobs
 
 
 def extend_leases(
@@ -112,20 +183,22 @@ def write_outcomes(
     batch = list(attempts)
     if not batch:
         return {}
-    rows = fetch_all(
-        conn,
-        sql.query("write_outcomes"),
-        {
-            "ids": [a.job_id for a in batch],
-            "attempts": [a.attempts for a in batch],
-            "outcomes": [a.outcome.value for a in batch],
-            "delays": [float(a.delay) for a in batch],
-            "errors": [a.error for a in batch],
-            "worker": worker_id,
-            "now": now,
-        },
-    )
+    rows = fetch_all(conn, sql.query("write_outcomes"), _outcome_params(worker_id, batch, now))
     return {(r["id"], r["attempts"]): Status(r["status"]) for r in rows}
+
+
+def _outcome_params(
+    worker_id: str, batch: Sequence[Attempt], now: datetime | None
+) -> dict[str, object]:
+    return {
+        "ids": [a.job_id for a in batch],
+        "attempts": [a.attempts for a in batch],
+        "outcomes": [a.outcome.value for a in batch],
+        "delays": [float(a.delay) for a in batch],
+        "errors": [a.error for a in batch],
+        "worker": worker_id,
+        "now": now,
+    }
 
 
 def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:

@@ -17,7 +17,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -72,14 +73,36 @@ _ATTEMPTS = Histogram(
 )
 
 
+_KNOWN_OUTCOMES = frozenset(Outcome)
+_finished_children: dict[tuple[str, str], Any] = {}
+_duration_children: dict[str, Any] = {}
+"""Labelled children by label values: `labels()` costs more than the count itself."""
+
+
 def record_outcome(job_type: str, outcome: Outcome, duration_seconds: float, attempts: int) -> None:
     """Count one handler run that ended with `outcome`; called by the worker."""
-    if outcome not in set(Outcome):
-        raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(Outcome)}")
-    _FINISHED.labels(type=job_type, outcome=outcome).inc()
-    _DURATION.labels(type=job_type).observe(max(0.0, duration_seconds))
-    if outcome in FINAL_OUTCOMES:
-        _ATTEMPTS.observe(attempts)
+    record_outcomes([(job_type, outcome, duration_seconds, attempts)])
+
+
+def record_outcomes(runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
+    """Count a batch of handler runs, each (type, outcome, duration seconds, attempts)."""
+    finished: dict[tuple[str, str], int] = {}
+    for job_type, outcome, duration_seconds, attempts in runs:
+        if outcome not in _KNOWN_OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(Outcome)}")
+        key = (job_type, str(outcome))
+        finished[key] = finished.get(key, 0) + 1
+        duration = _duration_children.get(job_type)
+        if duration is None:
+            duration = _duration_children[job_type] = _DURATION.labels(type=job_type)
+        duration.observe(max(0.0, duration_seconds))
+        if outcome in FINAL_OUTCOMES:
+            _ATTEMPTS.observe(attempts)
+    for key, count in finished.items():
+        child = _finished_children.get(key)
+        if child is None:
+            child = _finished_children[key] = _FINISHED.labels(type=key[0], outcome=key[1])
+        child.inc(count)
 
 
 # -- serving it to Prometheus --------------------------------------------------------

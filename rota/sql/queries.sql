@@ -74,18 +74,24 @@ SET status = 'running',
     started_at = coalesce(%(now)s::timestamptz, now())
 FROM picked
 WHERE j.id = picked.id
-RETURNING j.*
+-- The columns of a Job, in its order, so that the worker builds each one
+-- positionally.
+RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,
+          j.max_attempts, j.locked_by, j.locked_until, j.last_error, j.created_at,
+          j.started_at, j.finished_at, j.schedule_id, j.slot, j.priority, j.timeout_seconds,
+          j.cancel_requested_at, j.releases
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the
 -- result is a lease lost. It also brings back which of them somebody asked to
 -- cancel, so a worker learns of a cancel request with no query of its own.
+-- Driven from the batch: each row is reached by its primary key (see
+-- write_outcomes for why the status test is written as it is).
 UPDATE rota.job AS j
 SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s)
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempts)
 WHERE j.id = h.id
-  AND j.id = ANY(%(ids)s::bigint[])
-  AND j.status = 'running'
+  AND j.status IS NOT DISTINCT FROM 'running'
   AND j.locked_by = %(worker)s
   AND j.attempts = h.attempts
 RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested
@@ -126,11 +132,14 @@ SET status = CASE
     END
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
             %(delays)s::float8[], %(errors)s::text[]) AS f(id, attempts, outcome, delay, error)
+-- The plan is driven from the batch and reaches each row by its primary key,
+-- whether planned for these values or generic (psycopg prepares a statement on
+-- its sixth run). The status test does not match the partial index of running
+-- rows on purpose: statistics taken while nothing ran estimate one running
+-- row, and a generic plan that may walk that index rescans the batch for
+-- every running row. Status is NOT NULL, so the test means status = 'running'.
 WHERE j.id = f.id
-  -- Lets the planner reach the rows by primary key; statistics rarely know
-  -- how many rows are running and would otherwise join all of this worker's.
-  AND j.id = ANY(%(ids)s::bigint[])
-  AND j.status = 'running'
+  AND j.status IS NOT DISTINCT FROM 'running'
   AND j.locked_by = %(worker)s
   AND j.attempts = f.attempts
 RETURNING j.id, f.attempts, j.status

@@ -144,7 +144,15 @@ async def run_attempt(
     finally:
         execution.stop_clock()
     duration = time.perf_counter() - started
-    return dataclasses.replace(outcome, type=job.type, duration_seconds=duration)
+    return Attempt(
+        outcome.job_id,
+        outcome.attempts,
+        outcome.outcome,
+        outcome.delay,
+        outcome.error,
+        job.type,
+        duration,
+    )
 
 
 def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:

@@ -6,6 +6,12 @@ is back (an outage costs no attempt and loses no completion). An outcome the
 database did not take means the lease was lost, with one benign exception: the
 handler completed its own job in its own transaction (`rota.complete`), so the
 row is already done by this worker at this attempt.
+
+In steady state the claim loop carries the outcomes: it takes a batch and
+writes it in the transaction of its next claim (one round trip, one commit),
+and settles it here. The buffer's own loop writes only when the claim loop is
+not about to claim (the queue is empty, the slots are full, or the database
+is away), so an outcome never waits for work to come in.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from rota import claim as claims
 from rota.claim import Attempt
 from rota.errors import DatabaseUnavailable
 from rota.jobs import Outcome, Status
-from rota.metrics import record_outcome
+from rota.metrics import record_outcomes
 from rota_worker.link import Backoff, Link
 
 log = logging.getLogger("rota.worker")
@@ -39,21 +45,58 @@ class OutcomeBuffer:
         self._settled = settled
         self._reconnect_max = reconnect_max_seconds
         self.pending: list[Attempt] = []
+        self._in_flight = 0
         self.wake = asyncio.Event()
+        self.carried = False
+        """The claim loop takes pending outcomes along with its next claim."""
+        self._released = asyncio.Event()
+        self._released.set()
         self.written = 0
         """Attempts accounted for so far (written, self-completed or lost)."""
+
+    @property
+    def unsettled(self) -> int:
+        """Outcomes not accounted for yet: pending, or being written right now."""
+        return len(self.pending) + self._in_flight
 
     def add(self, attempt: Attempt) -> None:
         self.pending.append(attempt)
         self.wake.set()
 
+    def carry(self, on: bool) -> None:
+        """The claim loop says whether its next claim, due at once, takes the
+        pending outcomes along (True), or it waits for work (False): then this
+        buffer writes them itself."""
+        self.carried = on
+        if on:
+            self._released.clear()
+        else:
+            self._released.set()
+
+    def take(self) -> list[Attempt]:
+        """The oldest batch, handed to a writer; `settle` or `give_back` it after."""
+        batch = self.pending[: self.batch_size]
+        del self.pending[: len(batch)]
+        self._in_flight += len(batch)
+        return batch
+
+    def give_back(self, batch: list[Attempt]) -> None:
+        """A batch whose write failed: nothing of it was written; it waits again, first."""
+        self._in_flight -= len(batch)
+        self.pending[:0] = batch
+        if batch:
+            self.wake.set()
+
     async def run(self, link: Link) -> None:
-        """Write what is pending whenever woken, until cancelled."""
+        """Write what is pending whenever woken, unless the claim loop carries it."""
         backoff = Backoff(most=self._reconnect_max)
         while True:
             await self.wake.wait()
             self.wake.clear()
             while self.pending:
+                if self.carried:
+                    await self._released.wait()
+                    continue
                 try:
                     await self.flush(link)
                 except DatabaseUnavailable as exc:
@@ -68,16 +111,39 @@ class OutcomeBuffer:
                     continue
                 backoff.reset()
 
+    @staticmethod
+    def to_write(batch: list[Attempt]) -> list[Attempt]:
+        """The attempts of `batch` that have something to write (a lost lease has not)."""
+        return [a for a in batch if a.outcome is not Outcome.LEASE_LOST]
+
     async def flush(self, link: Link) -> None:
-        """Write one batch and account for every attempt in it."""
-        batch = self.pending[: self.batch_size]
-        to_write = [a for a in batch if a.outcome is not Outcome.LEASE_LOST]
-        written = await link.run(claims.write_outcomes, self.worker_id, to_write)
-        unwritten = [a for a in to_write if a.key not in written]
-        lost = await self._lost(link, unwritten)
-        del self.pending[: len(batch)]
-        for attempt in batch:
-            self._account(attempt, written.get(attempt.key), attempt.key in lost)
+        """Write one batch on its own and account for every attempt in it."""
+        batch = self.take()
+        try:
+            written = await link.run(claims.write_outcomes, self.worker_id, self.to_write(batch))
+        except BaseException:
+            self.give_back(batch)
+            raise
+        await self.settle(link, batch, written)
+
+    async def settle(
+        self, link: Link, batch: list[Attempt], written: dict[tuple[int, int], Status]
+    ) -> None:
+        """Account for a batch whose write committed (`written`: what the database took)."""
+        unwritten = [a for a in self.to_write(batch) if a.key not in written]
+        try:
+            lost = await self._lost(link, unwritten)
+        except BaseException:
+            # Those written are settled; the others are looked at again later
+            # (rewriting them changes nothing: their lease is not held).
+            again = {a.key for a in unwritten}
+            self._in_flight -= len(batch) - len(unwritten)
+            done = [a for a in batch if a.key not in again]
+            _count(done, [self._account(a, written.get(a.key), False) for a in done])
+            self.give_back(unwritten)
+            raise
+        self._in_flight -= len(batch)
+        _count(batch, [self._account(a, written.get(a.key), a.key in lost) for a in batch])
 
     async def _lost(self, link: Link, unwritten: list[Attempt]) -> set[tuple[int, int]]:
         """Keys among `unwritten` whose lease was really lost (not self-completed)."""
@@ -97,7 +163,7 @@ class OutcomeBuffer:
                 lost.add(attempt.key)
         return lost
 
-    def _account(self, attempt: Attempt, status: Status | None, lost: bool) -> None:
+    def _account(self, attempt: Attempt, status: Status | None, lost: bool) -> Outcome:
         outcome = _final(attempt, status, lost)
         if outcome is Outcome.LEASE_LOST:
             log.warning(
@@ -126,9 +192,17 @@ class OutcomeBuffer:
                 outcome,
                 attempt.duration_seconds,
             )
-        record_outcome(attempt.type, outcome, attempt.duration_seconds, attempt.attempts)
         self.written += 1
         self._settled(attempt)
+        return outcome
+
+
+def _count(batch: list[Attempt], outcomes: list[Outcome]) -> None:
+    """Metrics for a settled batch, counted once per batch."""
+    record_outcomes(
+        (a.type, outcome, a.duration_seconds, a.attempts)
+        for a, outcome in zip(batch, outcomes, strict=True)
+    )
 
 
 def _final(attempt: Attempt, status: Status | None, lost: bool) -> Outcome:

@@ -17,6 +17,7 @@ with a lease.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import signal
@@ -178,32 +179,63 @@ class Worker:
         return min(s.concurrency - len(self.leases.running), 2 * s.concurrency - len(self.leases))
 
     async def _claim_loop(self, link: Link) -> None:
+        try:
+            await self._claim_and_carry(link)
+        finally:
+            self.outcomes.carry(False)
+
+    async def _claim_and_carry(self, link: Link) -> None:
+        """Claim into free slots; each claim carries the pending outcomes along
+        (written in its transaction: one round trip, one commit per batch)."""
         backoff = Backoff(most=self.settings.reconnect_max_seconds)
         s = self.settings
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             free = self.free_slots()
             if free <= 0:
+                # Slots full of running attempts: the next to end frees one and its
+                # outcome goes with the claim that fills it. Outcomes already
+                # waiting, or too many held, are written by the buffer meanwhile.
+                self.outcomes.carry(not self.outcomes.pending and self._under_cap())
                 self._slot_freed.clear()
                 await first(self._slot_freed, self._stopping)
                 continue
+            self.outcomes.carry(True)
             self._jobs_notified.clear()
+            batch = self.outcomes.take()
             try:
-                jobs = await link.run(
-                    claims.claim, self.worker_id, free, s.lease_seconds, self.types
+                written, jobs = await link.run(
+                    claims.write_and_claim,
+                    self.worker_id,
+                    self.outcomes.to_write(batch),
+                    free,
+                    s.lease_seconds,
+                    self.types,
                 )
             except DatabaseUnavailable as exc:
+                self.outcomes.give_back(batch)
+                self.outcomes.carry(False)
                 self.ready = False
                 delay = backoff.next()
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 await first(self._stopping, timeout=delay)
                 continue
+            except BaseException:
+                self.outcomes.give_back(batch)
+                raise
             self.ready = True
             backoff.reset()
+            if batch:
+                with contextlib.suppress(DatabaseUnavailable):
+                    await self.outcomes.settle(link, batch, written)
             for job in jobs:
                 self._start(job)
             if len(jobs) < free:
+                self.outcomes.carry(False)
                 await first(self._jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
+
+    def _under_cap(self) -> bool:
+        return len(self.leases) < 2 * self.settings.concurrency
 
     def _start(self, job: Job) -> None:
         handler = self.handlers.get(job.type)
@@ -256,13 +288,13 @@ class Worker:
         if stopped:
             await asyncio.wait(stopped, timeout=5.0)
         deadline = time.monotonic() + max(grace, 5.0)
-        while self.outcomes.pending and time.monotonic() < deadline:
+        while self.outcomes.unsettled and time.monotonic() < deadline:
             self.outcomes.wake.set()
             await asyncio.sleep(0.05)
-        if self.outcomes.pending:
+        if self.outcomes.unsettled:
             log.error(
                 "%d outcomes could not be written; their leases will expire",
-                len(self.outcomes.pending),
+                self.outcomes.unsettled,
             )
 
     # -- probes ---------------------------------------------------------------
@@ -286,7 +318,7 @@ class Worker:
             "worker_id": self.worker_id,
             "ready": self.ready and not self._stopping.is_set(),
             "running": len(self.leases.running),
-            "pending_outcomes": len(self.outcomes.pending),
+            "pending_outcomes": self.outcomes.unsettled,
             "finished": self.outcomes.written,
             "abandoned_threads": self.runner.abandoned,
         }

@@ -1,0 +1,179 @@
+"""The hot statements keep index-driven plans once psycopg has prepared them,
+and the claim that carries a batch of outcomes commits both or neither.
+
+psycopg prepares a statement on its sixth execution; PostgreSQL then plans the
+next five custom and may switch to a generic plan, estimated without the
+parameters' values. On a table whose statistics were taken while nothing ran
+(one running row estimated), a generic outcome or heartbeat statement that may
+choose could walk every running row and rescan the batch for each. These tests
+run each hot statement the way the worker does, more than five times, on a
+table of realistic size, and then read the plan PostgreSQL would use.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row, tuple_row
+
+import rota
+from rota import claim as claims
+from rota import sql
+from rota.claim import Attempt
+from rota.errors import DatabaseError
+from rota.jobs import Outcome
+
+WORKER = "plans-worker"
+DONE_ROWS = 200_000
+READY_ROWS = 5_000
+BATCH = 100
+RUNS = 8
+
+
+@pytest.fixture
+def crowded(db_url: str) -> Iterator[str]:
+    """200,000 done rows and some ready ones, analyzed while nothing runs."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO rota.job (type, status, run_at, attempts, finished_at, locked_by)"
+            " SELECT 'bench.noop', 'done', now() - interval '1 day', 1, now(), 'old'"
+            " FROM generate_series(1, %s)",
+            (DONE_ROWS,),
+        )
+        c.execute(
+            "INSERT INTO rota.job (type, run_at) SELECT 'bench.noop', now() - interval '1 s'"
+            " FROM generate_series(1, %s)",
+            (READY_ROWS,),
+        )
+        c.execute("VACUUM ANALYZE rota.job")
+    yield db_url
+
+
+def _numbered(text: str) -> str:
+    """A named query with $n placeholders, for EXPLAIN (GENERIC_PLAN)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, text)
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _generic_plan(conn: psycopg.Connection[Any], name: str) -> dict[str, Any]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            "EXPLAIN (GENERIC_PLAN, FORMAT JSON) " + _numbered(sql.query(name))
+        ).fetchone()
+    assert rows is not None
+    doc = rows[0]
+    return (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]  # type: ignore[no-any-return]
+
+
+def _prepared(conn: psycopg.Connection[Any], fragment: str) -> dict[str, Any]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+        ).fetchall()
+    mine = [r for r in rows if fragment in r[0]]
+    assert len(mine) == 1, f"{fragment!r} was not prepared: {[r[0][:60] for r in rows]}"
+    return {"generic_plans": mine[0][1], "custom_plans": mine[0][2]}
+
+
+def _assert_keyed(plan: dict[str, Any]) -> None:
+    """No sequential scan of rota.job, and no nested loop that rescans a function."""
+    nodes = list(_nodes(plan))
+    text = json.dumps(plan)
+    for node in nodes:
+        assert not (node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "job"), text
+        if node["Node Type"] == "Nested Loop":
+            inner = [c for c in node.get("Plans", []) if c.get("Parent Relationship") == "Inner"]
+            assert all(c["Node Type"] != "Function Scan" for c in inner), text
+    job_scans = [n for n in nodes if n.get("Relation Name") == "job" and "Index Name" in n]
+    assert job_scans, text
+
+
+def _claimed(conn: psycopg.Connection[Any]) -> list[tuple[int, int]]:
+    jobs = claims.claim(conn, WORKER, BATCH, 30.0, ["bench.noop"])
+    assert len(jobs) == BATCH
+    return [(j.id, j.attempts) for j in jobs]
+
+
+def test_outcome_statement_reaches_each_job_by_primary_key(crowded: str) -> None:
+    with psycopg.connect(crowded, autocommit=True, row_factory=dict_row) as c:
+        for _ in range(RUNS):
+            keys = _claimed(c)
+            written = claims.write_outcomes(
+                c, WORKER, [Attempt(i, n, Outcome.DONE) for i, n in keys]
+            )
+            assert len(written) == BATCH
+        _assert_keyed(_generic_plan(c, "write_outcomes"))
+        counts = _prepared(c, "rota.job AS j\nSET status = CASE")
+        assert counts["generic_plans"] + counts["custom_plans"] >= RUNS - 5
+
+
+def test_heartbeat_reaches_each_job_by_primary_key(crowded: str) -> None:
+    with psycopg.connect(crowded, autocommit=True, row_factory=dict_row) as c:
+        keys = _claimed(c)
+        for _ in range(RUNS):
+            assert len(claims.extend_leases(c, WORKER, keys, 30.0)) == BATCH
+        _assert_keyed(_generic_plan(c, "extend_leases"))
+        counts = _prepared(c, "SET locked_until = coalesce")
+        assert counts["generic_plans"] + counts["custom_plans"] >= RUNS - 5
+
+
+def test_claim_walks_the_claim_index(crowded: str) -> None:
+    with psycopg.connect(crowded, autocommit=True, row_factory=dict_row) as c:
+        for _ in range(RUNS):
+            _claimed(c)
+        plan = _generic_plan(c, "claim_jobs")
+        _assert_keyed(plan)
+        assert "job_claim_idx" in json.dumps(plan)
+
+
+# -- the claim that carries outcomes --------------------------------------------
+
+
+def _xmin(conn: psycopg.Connection[Any], ids: list[int]) -> set[str]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute("SELECT xmin::text FROM rota.job WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_outcomes_and_the_next_claim_commit_together(conn) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(5)])
+    first = claims.claim(conn, WORKER, 3, 30.0)
+    conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (first[2].id,))
+    attempts = [Attempt(j.id, j.attempts, Outcome.DONE) for j in first]
+    written, jobs = claims.write_and_claim(conn, WORKER, attempts, 10, 30.0)
+    assert set(written) == {(j.id, j.attempts) for j in first[:2]}  # the stolen one is not
+    assert len(jobs) == 2 and all(j.locked_by == WORKER for j in jobs)
+    # One transaction: the written rows and the claimed rows carry the same xmin.
+    assert len(_xmin(conn, [j.id for j in first[:2]] + [j.id for j in jobs])) == 1
+
+
+def test_a_failed_claim_writes_none_of_the_outcomes_it_carried(conn) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
+    first = claims.claim(conn, WORKER, 2, 30.0)
+    attempts = [Attempt(j.id, j.attempts, Outcome.DONE) for j in first]
+    with pytest.raises(DatabaseError):
+        claims.write_and_claim(conn, WORKER, attempts, -1, 30.0)  # LIMIT -1 is refused
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            "SELECT status FROM rota.job WHERE id = ANY(%s)", ([j.id for j in first],)
+        ).fetchall()
+    assert [r[0] for r in rows] == ["running", "running"]
+    written, jobs = claims.write_and_claim(conn, WORKER, attempts, 10, 30.0)
+    assert len(written) == 2 and len(jobs) == 1  # the connection is usable again
