@@ -11,7 +11,7 @@ set -euo pipefail
 K8S_DEB_VERSION=${K8S_DEB_VERSION:-1.20.5+really1.20.2-1.1+deb12u1}
 CACHE=${ROTA_CACHE:-$HOME/.cache/rota}
 OUT="$CACHE/kubernetes-$K8S_DEB_VERSION"
-WHAT=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+WHAT=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 log() { printf '==> %s\n' "$*" >&2; }
 

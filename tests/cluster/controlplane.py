@@ -59,6 +59,7 @@ COMPONENTS = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "cluster-dns",
     "containerd",
     "kubelet",
     "kube-proxy",
@@ -168,7 +169,7 @@ def stop(component: str, timeout: float = 20) -> None:
 def host_ip() -> str:
     """The address other hosts (and the pods, through the bridge) reach this one at."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.255", 9))  # no packet is sent; picks the outgoing address
+        s.connect(("8.8.8.8", 53))  # UDP: no packet is sent, the kernel only picks a route
         return str(s.getsockname()[0])
 
 
@@ -344,6 +345,7 @@ def preflight() -> None:
         "conntrack",
         "openssl",
         "ip",
+        "dnsmasq",
     )
     absent = [name for name in needed if shutil.which(name) is None]
     if absent:
@@ -458,8 +460,9 @@ def up() -> None:
         ],
     )
 
-    log("containerd")
+    log("cluster DNS and containerd")
     network()
+    cluster_dns()
     start("containerd", ["containerd", "--config", containerd_config()])
     wait_for("containerd socket", CONTAINERD_SOCK.exists, 30, "containerd")
     wait_for(
@@ -482,6 +485,7 @@ def up() -> None:
             f"--root-dir={STATE / 'kubelet'}",
             f"--hostname-override={NODE}",
             f"--node-ip={ip}",
+            "--oom-score-adj=0",
             "--v=1",
         ],
     )
@@ -518,6 +522,11 @@ def up() -> None:
 
 def network() -> None:
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    # The bridge exists before the first pod, so the cluster DNS can listen on it;
+    # the CNI bridge plugin then takes it as it is.
+    run("ip", "link", "add", BRIDGE, "type", "bridge", check=False)
+    run("ip", "addr", "replace", f"{POD_GATEWAY}/24", "dev", BRIDGE)
+    run("ip", "link", "set", BRIDGE, "up")
     conf = {
         "cniVersion": "0.4.0",
         "name": "rota",
@@ -541,6 +550,32 @@ def network() -> None:
     (STATE / "cni" / "net.d" / "10-rota.conflist").write_text(json.dumps(conf, indent=2))
 
 
+def cluster_dns() -> None:
+    """The cluster's DNS, reduced to what Rota's pods ask: the API server's Service.
+
+    kopf logs in as https://kubernetes.default.svc, so pods need that name; dnsmasq
+    answers it, says no to every other cluster.local name and forwards the rest to
+    this machine's resolvers.
+    """
+    start(
+        "cluster-dns",
+        [
+            "dnsmasq",
+            "--keep-in-foreground",
+            "--log-facility=-",
+            "--no-hosts",
+            "--pid-file=",
+            f"--listen-address={POD_GATEWAY}",
+            "--bind-interfaces",
+            "--resolv-file=/etc/resolv.conf",
+            "--local=/cluster.local/",
+            "--address=/kubernetes.default.svc.cluster.local/10.0.0.1",
+            "--address=/kubernetes.default.svc/10.0.0.1",
+        ],
+    )
+    wait_for("cluster DNS", lambda: alive("cluster-dns"), 10, "cluster-dns")
+
+
 def cni_bin_dir() -> str:
     for candidate in ("/usr/lib/cni", "/opt/cni/bin"):
         if Path(candidate, "bridge").exists():
@@ -549,7 +584,8 @@ def cni_bin_dir() -> str:
 
 
 def containerd_config() -> Path:
-    root, state = STATE / "containerd" / "root", STATE / "containerd" / "state"
+    # The image store outlives the cluster (images load once); containers do not.
+    root, state = CACHE / "containerd", STATE / "containerd" / "state"
     text = f"""version = 2
 root = "{root}"
 state = "{state}"
@@ -558,6 +594,9 @@ state = "{state}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   enable_selinux = false
+  # Without CAP_SYS_RESOURCE (some VMs and containers) no process may lower its
+  # oom_score_adj, and runc fails to start the sandbox at -998: keep them >= ours.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -637,6 +676,7 @@ def kubelet_config() -> Path:
         "readOnlyPort": 0,
         "resolvConf": "/etc/resolv.conf",
         "clusterDomain": "cluster.local",
+        "clusterDNS": [POD_GATEWAY],
         "serializeImagePulls": False,
         "imageGCHighThresholdPercent": 100,
         "evictionHard": {

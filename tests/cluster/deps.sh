@@ -5,7 +5,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  etcd-server containerd runc containernetworking-plugins iptables conntrack iproute2
+  etcd-server containerd runc containernetworking-plugins iptables conntrack iproute2 dnsmasq-base
   openssl golang-go buildah podman skopeo mmdebstrap uidmap ca-certificates
 )
 

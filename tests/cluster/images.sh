@@ -67,16 +67,25 @@ build() {
 }
 
 # Import the images into containerd under the names the kubelet resolves
-# (rota-worker:TAG means docker.io/library/rota-worker:TAG).
+# (rota-worker:TAG means docker.io/library/rota-worker:TAG), unless containerd
+# already holds that very build (its image id is noted at import).
 load() {
-  local address=$1 name dir="$CACHE/images/archives"
+  local address=$1 name id dir="$CACHE/images/archives" present
   mkdir -p "$dir"
+  present=$(ctr --address "$address" -n k8s.io images ls -q)
   for name in "${IMAGES[@]}"; do
+    id=$(podman image inspect --format '{{.Id}}' "localhost/$name:$TAG")
+    if grep -qx "docker.io/library/$name:$TAG" <<<"$present" &&
+      [[ $(cat "$dir/$name.id" 2>/dev/null) == "$id" ]]; then
+      continue
+    fi
+    log "loading $name:$TAG into containerd"
     podman tag "localhost/$name:$TAG" "docker.io/library/$name:$TAG"
     rm -f "$dir/$name.tar"
     podman save --quiet --format docker-archive -o "$dir/$name.tar" "docker.io/library/$name:$TAG"
-    ctr --address "$address" -n k8s.io images import --no-unpack=false "$dir/$name.tar" >/dev/null
+    ctr --address "$address" -n k8s.io images import "$dir/$name.tar" >/dev/null
     rm -f "$dir/$name.tar"
+    echo "$id" >"$dir/$name.id"
   done
 }
 
