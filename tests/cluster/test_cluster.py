@@ -46,6 +46,7 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".tools" / "bin"
 MEASURES = ROOT / "build" / "cluster-measures.json"
+SNAPSHOTS = ROOT / "build" / "cluster-kubectl.txt"
 NS = "rota"
 RELEASE = "rota"
 TAG = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -61,6 +62,14 @@ def measure(name: str, seconds: float) -> None:
     measures[name] = round(seconds, 1)
     MEASURES.parent.mkdir(exist_ok=True)
     MEASURES.write_text(json.dumps(measures, indent=2) + "\n")
+
+
+def snapshot(kube: Kube, *args: str) -> str:
+    """Run a kubectl command and keep its output, the README's examples come from it."""
+    text = kube.kubectl(*args)
+    with open(SNAPSHOTS, "a") as out:
+        out.write(f"$ kubectl {' '.join(args)}\n{text}\n")
+    return text
 
 
 def wait_until(what: str, probe: Callable[[], T], timeout: float, every: float = 1.0) -> T:
@@ -157,6 +166,9 @@ class Database:
 def kube() -> Kube:
     if not controlplane.alive("kube-apiserver"):
         pytest.fail("the local cluster is not running: make cluster-up (or make test-cluster)")
+    SNAPSHOTS.parent.mkdir(exist_ok=True)
+    SNAPSHOTS.write_text("")
+    MEASURES.unlink(missing_ok=True)
     return Kube(controlplane.ADMIN_KUBECONFIG)
 
 
@@ -234,7 +246,15 @@ def release(
         yield values
     finally:
         if RELEASE in kube.helm("list", "--namespace", NS, "--short"):
-            kube.kubectl("-n", NS, "delete", "jobschedules", "--all", "--timeout=60s", check=False)
+            kube.kubectl(
+                "-n",
+                NS,
+                "delete",
+                "jobschedules,workerpools",
+                "--all",
+                "--timeout=60s",
+                check=False,
+            )
             kube.run("helm", "uninstall", RELEASE, "--namespace", NS, "--wait", check=False)
         kube.kubectl("delete", "namespace", NS, "--wait=false", check=False)
 
@@ -363,7 +383,7 @@ def test_a_jobschedule_becomes_a_row_and_its_jobs_run(
     measure("jobschedule_to_ready_seconds", time.monotonic() - started)
     status = kube.get("jobschedule", "tick")["status"]
     assert status["nextRunAt"] and status["observedGeneration"] == 1
-    table = kube.kubectl("-n", NS, "get", "jobschedules")
+    table = snapshot(kube, "-n", NS, "get", "jobschedules")
     header, line = table.splitlines()[:2]
     assert header.split()[:6] == ["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "NEXT", "RUN"]
     assert status["nextRunAt"] in line and "True" in line, table
@@ -394,6 +414,7 @@ def test_an_invalid_jobschedule_is_refused_or_not_ready(
     kube.kubectl(
         "-n", NS, "wait", "--for=condition=Ready=false", "jobschedule/broken", "--timeout=120s"
     )
+    snapshot(kube, "-n", NS, "get", "jobschedules")
     (condition,) = kube.get("jobschedule", "broken")["status"]["conditions"]
     assert condition["reason"] == "InvalidSpec" and "61" in condition["message"]
     events = wait_until("the InvalidSpec Event", lambda: kube.events("broken"), 60)
@@ -441,6 +462,7 @@ def test_the_workerpool_scales_workers_from_zero_and_back(
         )
     }
     assert all(host.startswith(f"{WORKERS}-") for host in hosts), hosts
+    snapshot(kube, "-n", NS, "get", "workerpools")
     pool = kube.get("workerpool", WORKERS)
     assert pool["status"]["desiredReplicas"] >= 2
     scaled = [e["message"] for e in kube.events(WORKERS) if e["reason"] == "Scaled"]
@@ -547,18 +569,20 @@ def test_helm_upgrade_reruns_migrations_and_keeps_serving(
     kube.kubectl("-n", NS, "apply", "-f", "-", stdin=TICK)
     kube.kubectl("-n", NS, "wait", "--for=condition=Ready", "jobschedule/tick", "--timeout=120s")
     assert database.value("SELECT count(*) FROM rota.schedule WHERE name = 'rota/tick'") == 1
+    snapshot(kube, "-n", NS, "get", "rota")
+    snapshot(kube, "-n", NS, "get", "deployments,pods")
 
 
 def test_helm_uninstall_as_the_readme_says(kube: Kube, database: Database, release: Path) -> None:
-    readme = kube.kubectl("get", "jobschedules,workerpools", "--all-namespaces")
-    print(readme)
+    # Both kinds carry the operator's finalizer: they go while it still runs.
     kube.kubectl("-n", NS, "delete", "jobschedules", "--all", "--timeout=60s")
+    kube.kubectl("-n", NS, "delete", "workerpool", WORKERS, "--timeout=60s")
     assert database.value("SELECT count(*) FROM rota.schedule") == 0
     kube.helm("uninstall", RELEASE, "--namespace", NS, "--wait")
-    kube.kubectl("-n", NS, "delete", "workerpool", WORKERS)
     wait_until("every pod of the release gone", lambda: not kube.get("pods")["items"], 180)
     crds = kube.kubectl("get", "crd", "-o", "name")
     assert "jobschedules.rota.dev" in crds and "workerpools.rota.dev" in crds, "crds.keep"
+    kube.kubectl("delete", "namespace", NS, "--timeout=120s")
     # The database is left as it was: jobs and their history stay.
     assert database.value("SELECT count(*) FROM rota.job WHERE status = 'done'") >= 40
 
