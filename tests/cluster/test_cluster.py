@@ -577,7 +577,7 @@ def test_helm_uninstall_as_the_readme_says(kube: Kube, database: Database, relea
     # Both kinds carry the operator's finalizer: they go while it still runs.
     kube.kubectl("-n", NS, "delete", "jobschedules", "--all", "--timeout=60s")
     kube.kubectl("-n", NS, "delete", "workerpool", WORKERS, "--timeout=60s")
-    assert database.value("SELECT count(*) FROM rota.schedule") == 0
+    assert database.value("SELECT count(*) FROM rota.schedule WHERE job_type LIKE 'cluster.%'") == 0
     kube.helm("uninstall", RELEASE, "--namespace", NS, "--wait")
     wait_until("every pod of the release gone", lambda: not kube.get("pods")["items"], 180)
     crds = kube.kubectl("get", "crd", "-o", "name")
