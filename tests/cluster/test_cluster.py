@@ -398,6 +398,12 @@ def test_a_jobschedule_becomes_a_row_and_its_jobs_run(
         every=2,
     )
     assert done[0]["locked_by"].startswith(f"{WORKERS}-"), done
+    wait_until(
+        "lastSlot in the status",
+        lambda: kube.get("jobschedule", "tick")["status"].get("lastSlot"),
+        60,
+    )
+    snapshot(kube, "-n", NS, "get", "jobschedules")
     kube.kubectl("-n", NS, "delete", "jobschedule", "tick", "--timeout=60s")
     assert database.value("SELECT count(*) FROM rota.schedule WHERE name = 'rota/tick'") == 0
 
@@ -491,6 +497,8 @@ def test_killing_the_operator_and_a_worker_mid_run_loses_no_job(
         180,
     )
     victim = running[0]["locked_by"].split(":")[0]
+    snapshot(kube, "-n", NS, "get", "workerpools")
+    snapshot(kube, "-n", NS, "get", "pods", "-l", "app.kubernetes.io/component=worker")
     (operator,) = kube.pods("operator")
     # The operator pod goes at once; its ReplicaSet makes a new one.
     kube.kubectl(
