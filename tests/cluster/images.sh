@@ -26,7 +26,9 @@ base_image() {
     log "making the bookworm base image with mmdebstrap"
     mkdir -p "$CACHE/images"
     # python3-venv for the build stage's virtualenv, python-is-python3 for the
-    # Dockerfiles' `python`; the image's own trust store is not needed.
+    # Dockerfiles' `python`; the image's own trust store is not needed. The hook's
+    # $1 is mmdebstrap's, expanded when it runs the hook.
+    # shellcheck disable=SC2016
     mmdebstrap --variant=minbase --format=tar --quiet \
       --include=python3,python3-venv,python-is-python3 \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
