@@ -9,7 +9,7 @@ CLUSTER_PYTEST_ARGS ?=
 cluster-deps: ## install the Debian packages the local cluster and buildah need (as root)
 	bash tests/cluster/deps.sh
 
-kubernetes-local: cluster-deps ## build kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy once (cached; ~15 min cold)
+kubernetes-local: cluster-deps ## build kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy once (cached; 15-40 min cold on 2 cores)
 	bash tests/cluster/build-kubernetes.sh
 
 images-local: cluster-deps ## build the worker, operator and handler images with buildah from a local bookworm base

@@ -66,7 +66,7 @@ fi
 
 targets=()
 for name in "${WHAT[@]}"; do targets+=("cmd/$name"); done
-log "building ${WHAT[*]} (about 15 minutes on 2 cores)"
+log "building ${WHAT[*]} (15 to 40 minutes on 2 cores, depending on the load)"
 start=$SECONDS
 (
   cd "$SRC"

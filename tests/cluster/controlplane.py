@@ -22,6 +22,7 @@ import base64
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -709,6 +710,7 @@ def down(quiet: bool = False) -> None:
     if (BIN / "kube-proxy").exists():
         run(BIN / "kube-proxy", "--cleanup", check=False)
     run("ip", "link", "delete", BRIDGE, check=False)
+    remove_masquerade_rules()
     unmount_under(STATE)
     shutil.rmtree(STATE, ignore_errors=True)
     if not quiet:
@@ -738,6 +740,21 @@ def remove_containers() -> None:
         for entry in netns.glob("cni-*"):
             subprocess.run(["umount", str(entry)], capture_output=True)
             entry.unlink(missing_ok=True)
+
+
+def remove_masquerade_rules() -> None:
+    """The bridge plugin's NAT rules of pods that never saw a CNI DEL (killed, not stopped)."""
+    listed = subprocess.run(
+        ["iptables", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True
+    )
+    for rule in listed.stdout.splitlines():
+        if '"name: \\"rota\\"' not in rule or " -j CNI-" not in rule:
+            continue
+        chain = rule.rsplit(" -j ", 1)[1].strip()
+        spec = shlex.split(rule)[2:]
+        subprocess.run(["iptables", "-t", "nat", "-D", "POSTROUTING", *spec], capture_output=True)
+        subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True)
+        subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
 
 
 def unmount_under(root: Path) -> None:
