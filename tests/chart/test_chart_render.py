@@ -19,8 +19,10 @@ import yaml
 from chart_support import ALL_OPTIONS, CHART, ROOT, Render, run_helm, template_text
 
 KUBERNETES_VALIDATE = ROOT / ".venv" / "bin" / "kubernetes-validate"
-# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest tested.
-KUBE_VERSIONS = ["1.27.0", "1.33.0"]
+# The oldest schemas kubernetes-validate ships and the newest tested. The chart's
+# lower end (Chart.yaml kubeVersion, 1.20) is checked on a real API server by
+# `make test-cluster` (tests/cluster/).
+KUBE_VERSIONS = ["1.25.0", "1.33.0"]
 OUR_KINDS = {"WorkerPool", "JobSchedule"}
 # Kinds whose schemas ship with other projects (Prometheus operator, kopf), not with
 # kubernetes-validate or this repository: only their rendering is checked here.
