@@ -1,6 +1,6 @@
 """What happens after a handler fails: how long to wait, and what to remember.
 
-Pure functions: the worker decides the outcome, `finish_jobs` writes it.
+Pure functions: the worker decides the outcome, `write_outcomes` writes it.
 """
 
 from __future__ import annotations

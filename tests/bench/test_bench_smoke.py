@@ -120,7 +120,7 @@ def test_plan_findings_show_every_hot_statement(tmp_path: Path) -> None:
     out = tmp_path / "findings.json"
     run_module("bench.findings", "--skip-drains", "--done-rows", "0", "--json", str(out))
     plans = json.loads(out.read_text())["plans"]
-    for name in ("claim_jobs", "extend_leases", "finish_jobs"):
+    for name in ("claim_jobs", "extend_leases", "write_outcomes"):
         entry = plans[name]
         assert entry["generic_plan"].startswith("Update on job")
         for mode in ("force_custom_plan", "force_generic_plan"):
