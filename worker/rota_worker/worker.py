@@ -17,7 +17,6 @@ with a lease.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import signal
@@ -30,7 +29,6 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from rota import claim as claims
 from rota import workers
 from rota.claim import Attempt
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
@@ -41,6 +39,7 @@ from rota.migrate import require_current
 from rota.reaper import Reaper
 from rota.scheduler import Scheduler
 from rota.services import Service, start_thread
+from rota_worker.claiming import ClaimLoop
 from rota_worker.execute import Execution, Stop, run_attempt, timeout_of
 from rota_worker.leases import LeaseKeeper
 from rota_worker.link import Backoff, Link, first
@@ -82,11 +81,10 @@ class Worker:
                 s.concurrency, s.handler_modules, dsn, self.worker_id, s.backoff,
                 s.kill_grace_seconds,
             )  # fmt: skip
-        self.ready = False
-        self.last_tick = time.monotonic()
         self._stopping = asyncio.Event()
-        self._slot_freed = asyncio.Event()
-        self._jobs_notified = asyncio.Event()
+        self.claims = ClaimLoop(
+            s, self.types, self.leases, self.outcomes, self._start, self._stopping
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
 
@@ -113,7 +111,7 @@ class Worker:
                 self._loop.add_signal_handler(sig, self._stopping.set)
         io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rota-io")
         links = {name: Link(self.dsn, name, io) for name in ("claim", "flush", "heartbeat")}
-        listener = Listener(self.dsn, self._loop, self._jobs_notified)
+        listener = Listener(self.dsn, self._loop, self.claims.jobs_notified)
         listener.start()
         probes = self._serve_probes()
         services_stop = threading.Event()
@@ -134,7 +132,7 @@ class Worker:
                     asyncio.create_task(self.outcomes.run(links["flush"])),
                     asyncio.create_task(self._heartbeats(links["heartbeat"])),
                 ]
-                await self._claim_loop(links["claim"])
+                await self.claims.run(links["claim"])
                 await self._shut_down()
         finally:
             for task in loops:
@@ -160,7 +158,7 @@ class Worker:
         """
         backoff = Backoff(first=0.5, most=self.settings.reconnect_max_seconds)
         while not self._stopping.is_set():
-            self.last_tick = time.monotonic()
+            self.claims.last_tick = time.monotonic()
             try:
                 await asyncio.get_running_loop().run_in_executor(io, require_current, self.dsn)
                 return True
@@ -170,73 +168,7 @@ class Worker:
                 await first(self._stopping, timeout=delay)
         return False
 
-    # -- claiming and running -------------------------------------------------
-    def free_slots(self) -> int:
-        """Slots free for new claims: a job can start, *and* the attempts held
-        (running, or finished with outcomes not yet written) stay under twice
-        the concurrency, so a fast queue never claims faster than it writes."""
-        s = self.settings
-        return min(s.concurrency - len(self.leases.running), 2 * s.concurrency - len(self.leases))
-
-    async def _claim_loop(self, link: Link) -> None:
-        try:
-            await self._claim_and_carry(link)
-        finally:
-            self.outcomes.carry(False)
-
-    async def _claim_and_carry(self, link: Link) -> None:
-        """Claim into free slots; each claim carries the pending outcomes along
-        (written in its transaction: one round trip, one commit per batch)."""
-        backoff = Backoff(most=self.settings.reconnect_max_seconds)
-        s = self.settings
-        while not self._stopping.is_set():
-            self.last_tick = time.monotonic()
-            free = self.free_slots()
-            if free <= 0:
-                # Slots full of running attempts: the next to end frees one and its
-                # outcome goes with the claim that fills it. Outcomes already
-                # waiting, or too many held, are written by the buffer meanwhile.
-                self.outcomes.carry(not self.outcomes.pending and self._under_cap())
-                self._slot_freed.clear()
-                await first(self._slot_freed, self._stopping)
-                continue
-            self.outcomes.carry(True)
-            self._jobs_notified.clear()
-            batch = self.outcomes.take()
-            try:
-                written, jobs = await link.run(
-                    claims.write_and_claim,
-                    self.worker_id,
-                    self.outcomes.to_write(batch),
-                    free,
-                    s.lease_seconds,
-                    self.types,
-                )
-            except DatabaseUnavailable as exc:
-                self.outcomes.give_back(batch)
-                self.outcomes.carry(False)
-                self.ready = False
-                delay = backoff.next()
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
-                await first(self._stopping, timeout=delay)
-                continue
-            except BaseException:
-                self.outcomes.give_back(batch)
-                raise
-            self.ready = True
-            backoff.reset()
-            if batch:
-                with contextlib.suppress(DatabaseUnavailable):
-                    await self.outcomes.settle(link, batch, written)
-            for job in jobs:
-                self._start(job)
-            if len(jobs) < free:
-                self.outcomes.carry(False)
-                await first(self._jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
-
-    def _under_cap(self) -> bool:
-        return len(self.leases) < 2 * self.settings.concurrency
-
+    # -- running attempts -----------------------------------------------------
     def _start(self, job: Job) -> None:
         handler = self.handlers.get(job.type)
         execution = Execution(job, timeout_of(job, handler, self.settings.job_timeout_seconds))
@@ -247,14 +179,14 @@ class Worker:
         attempt = await run_attempt(
             execution, handler, self.context, self.runner, self.settings.backoff
         )
-        self._slot_freed.set()
+        self.claims.slot_freed.set()
         self.outcomes.add(attempt)
         return attempt
 
     def _settled(self, attempt: Attempt) -> None:
         """The outcome buffer is done with `attempt`: let go of its lease."""
         self.leases.drop(attempt.key)
-        self._slot_freed.set()
+        self.claims.slot_freed.set()
 
     async def _heartbeats(self, link: Link) -> None:
         while True:
@@ -300,7 +232,7 @@ class Worker:
     # -- probes ---------------------------------------------------------------
     def health(self) -> str | None:
         """None when healthy, else why /healthz fails."""
-        if time.monotonic() - self.last_tick >= STALL_SECONDS:
+        if time.monotonic() - self.claims.last_tick >= STALL_SECONDS:
             return "stalled: the claim loop has not turned for a minute"
         if not self.runner.healthy:
             return f"{self.runner.abandoned} handler threads are stuck (the concurrency)"
@@ -316,7 +248,7 @@ class Worker:
         """State for the probes and logs."""
         return {
             "worker_id": self.worker_id,
-            "ready": self.ready and not self._stopping.is_set(),
+            "ready": self.claims.ready and not self._stopping.is_set(),
             "running": len(self.leases.running),
             "pending_outcomes": self.outcomes.unsettled,
             "finished": self.outcomes.written,
