@@ -218,7 +218,13 @@ class Soak:
             self.start_worker()
             self.figures["kills"] += 1
         elif action == "stop":
-            self.stop_past_lease(self.busy_worker())
+            # The busiest worker may end its last job between being picked and
+            # being stopped (a busy machine): then pick again.
+            for _ in range(20):
+                if self.stop_past_lease(self.busy_worker()):
+                    break
+            else:
+                raise AssertionError("no worker still held a job once stopped, 20 times")
         elif action.startswith("restart-"):
             self.server.stop(action.removeprefix("restart-"))
             self.server.start()
@@ -247,10 +253,15 @@ class Soak:
         else:  # pragma: no cover - a typo in a plan
             raise ValueError(action)
 
-    def stop_past_lease(self, proc: Proc) -> None:
-        """SIGSTOP `proc` until all its leases are reaped, then let it finish late."""
+    def stop_past_lease(self, proc: Proc) -> bool:
+        """SIGSTOP `proc` until all its leases are reaped, then let it finish late.
+
+        False (and `proc` resumed at once) when, stopped, it held no job."""
         proc.send(signal.SIGSTOP)
-        seen: set[tuple[int, str, int]] = set()
+        seen: set[tuple[int, str, int]] = set(self.running_by(proc))
+        if not seen:
+            proc.send(signal.SIGCONT)
+            return False
 
         def reaped() -> bool:
             held = self.running_by(proc)
@@ -293,6 +304,7 @@ class Soak:
                 timeout=60,
                 what=f"the late finisher {proc.pid} to try its {len(late)} completions",
             )
+        return True
 
     def start_service(self, name: str) -> Proc:
         if name == "reaper":
