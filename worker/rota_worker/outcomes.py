@@ -47,9 +47,8 @@ class OutcomeBuffer:
         self.pending: list[Attempt] = []
         self._in_flight = 0
         self.wake = asyncio.Event()
-        self.carried = False
-        """The claim loop takes pending outcomes along with its next claim."""
         self._released = asyncio.Event()
+        """Clear while the claim loop takes pending outcomes along with its next claim."""
         self._released.set()
         self.written = 0
         """Attempts accounted for so far (written, self-completed or lost)."""
@@ -67,7 +66,6 @@ class OutcomeBuffer:
         """The claim loop says whether its next claim, due at once, takes the
         pending outcomes along (True), or it waits for work (False): then this
         buffer writes them itself."""
-        self.carried = on
         if on:
             self._released.clear()
         else:
@@ -94,7 +92,7 @@ class OutcomeBuffer:
             await self.wake.wait()
             self.wake.clear()
             while self.pending:
-                if self.carried:
+                if not self._released.is_set():
                     await self._released.wait()
                     continue
                 try:
