@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 from rota.errors import InvalidInput
 from rota.jobs import Status
+from rota.lookup import status_named
 
 MAX_ID = 2**63 - 1
 PAGE_SIZES = range(1, 201)
@@ -94,12 +95,7 @@ def _text(params: Mapping[str, str], name: str) -> str | None:
 
 
 def parse_status(text: str | None) -> Status | None:
-    if text is None:
-        return None
-    try:
-        return Status(text)
-    except ValueError:
-        raise InvalidInput(f"unknown status {text!r} (one of: {', '.join(Status)})") from None
+    return None if text is None else status_named(text)
 
 
 def parse_payload(text: str | None) -> dict[str, Any] | None:
