@@ -26,7 +26,7 @@ inserted AS (
            coalesce(%(now)s::timestamptz, now())
     FROM input
     ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, idempotency_key
 )
 SELECT i.ord,
@@ -107,42 +107,55 @@ RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requeste
 --   cancelled -> cancelled
 -- A job somebody asked to cancel never runs again: a retry or a release of it
 -- is written as cancelled (a done or failed outcome stands).
-UPDATE rota.job AS j
-SET status = CASE
-        WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL
-            THEN 'cancelled'
-        WHEN f.outcome = 'retry' AND j.attempts >= j.max_attempts THEN 'dead'
-        WHEN f.outcome IN ('retry', 'released') THEN 'ready'
-        ELSE f.outcome
-    END,
-    run_at = CASE
-        WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NULL
-            THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
-        ELSE j.run_at
-    END,
-    attempts = CASE WHEN f.outcome = 'released' THEN j.attempts - 1 ELSE j.attempts END,
-    releases = CASE WHEN f.outcome = 'released' THEN j.releases + 1 ELSE 0 END,
-    last_error = coalesce(f.error, j.last_error),
-    locked_until = NULL,
-    finished_at = CASE
-        WHEN f.outcome IN ('done', 'failed', 'cancelled')
-          OR (f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL)
-          OR (f.outcome = 'retry' AND j.attempts >= j.max_attempts)
-            THEN coalesce(%(now)s::timestamptz, now())
-    END
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
-            %(delays)s::float8[], %(errors)s::text[]) AS f(id, attempts, outcome, delay, error)
--- The plan is driven from the batch and reaches each row by its primary key,
--- whether planned for these values or generic (psycopg prepares a statement on
--- its sixth run). The status test does not match the partial index of running
--- rows on purpose: statistics taken while nothing ran estimate one running
--- row, and a generic plan that may walk that index rescans the batch for
--- every running row. Status is NOT NULL, so the test means status = 'running'.
-WHERE j.id = f.id
-  AND j.status IS NOT DISTINCT FROM 'running'
-  AND j.locked_by = %(worker)s
-  AND j.attempts = f.attempts
-RETURNING j.id, f.attempts, j.status
+-- The rows moved into done are counted here, in rota.job_done_count (every row
+-- written was running before, so none leaves done).
+WITH written AS (
+    UPDATE rota.job AS j
+    SET status = CASE
+            WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL
+                THEN 'cancelled'
+            WHEN f.outcome = 'retry' AND j.attempts >= j.max_attempts THEN 'dead'
+            WHEN f.outcome IN ('retry', 'released') THEN 'ready'
+            ELSE f.outcome
+        END,
+        run_at = CASE
+            WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NULL
+                THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
+            ELSE j.run_at
+        END,
+        attempts = CASE WHEN f.outcome = 'released' THEN j.attempts - 1 ELSE j.attempts END,
+        releases = CASE WHEN f.outcome = 'released' THEN j.releases + 1 ELSE 0 END,
+        last_error = coalesce(f.error, j.last_error),
+        locked_until = NULL,
+        finished_at = CASE
+            WHEN f.outcome IN ('done', 'failed', 'cancelled')
+              OR (f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL)
+              OR (f.outcome = 'retry' AND j.attempts >= j.max_attempts)
+                THEN coalesce(%(now)s::timestamptz, now())
+        END
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+                %(delays)s::float8[], %(errors)s::text[]) AS f(id, attempts, outcome, delay, error)
+    -- The plan is driven from the batch and reaches each row by its primary key,
+    -- whether planned for these values or generic (psycopg prepares a statement on
+    -- its sixth run). The status test does not match the partial index of running
+    -- rows on purpose: statistics taken while nothing ran estimate one running
+    -- row, and a generic plan that may walk that index rescans the batch for
+    -- every running row. Status is NOT NULL, so the test means status = 'running'.
+    WHERE j.id = f.id
+      AND j.status IS NOT DISTINCT FROM 'running'
+      AND j.locked_by = %(worker)s
+      AND j.attempts = f.attempts
+    RETURNING j.id, f.attempts, j.status, j.type
+),
+counted AS (
+    INSERT INTO rota.job_done_count (type, shard, count)
+    SELECT type, mod(pg_backend_pid(), 16), count(*)
+    FROM written
+    WHERE status = 'done'
+    GROUP BY type
+    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count
+)
+SELECT id, attempts, status FROM written
 
 -- name: job_states
 SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::bigint[])

@@ -120,7 +120,7 @@ def test_outcome_statement_reaches_each_job_by_primary_key(crowded: str) -> None
             )
             assert len(written) == BATCH
         _assert_keyed(_generic_plan(c, "write_outcomes"))
-        counts = _prepared(c, "rota.job AS j\nSET status = CASE")
+        counts = _prepared(c, "rota.job AS j\n    SET status = CASE")
         assert counts["generic_plans"] + counts["custom_plans"] >= RUNS - 5
 
 
