@@ -53,6 +53,46 @@ class Outcome(enum.StrEnum):
     """The lease was gone before the outcome could be written: nothing written."""
 
 
+class StopSignal:
+    """Whether an attempt should stop: the methods of `threading.Event`, and as
+    safe across threads, with the event itself made only when somebody waits
+    (a worker builds one of these for every job it claims)."""
+
+    __slots__ = ("_event", "_flag")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def clear(self) -> None:
+        self._flag = False
+        event = self._event
+        if event is not None:
+            event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        with _EVENT_MADE:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._flag:  # set while the event was being made
+                    self._event.set()
+        return self._event.wait(timeout)
+
+
+_EVENT_MADE = threading.Lock()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Job:
     """One job as a handler sees it (a snapshot of its row at claim time)."""
@@ -80,8 +120,8 @@ class Job:
     cancel_requested_at: datetime | None = None
     releases: int = 0
     """Consecutive give-backs that did not count as attempts (outages, shutdowns)."""
-    cancelled: threading.Event = dataclasses.field(
-        default_factory=threading.Event, compare=False, repr=False
+    cancelled: StopSignal = dataclasses.field(
+        default_factory=StopSignal, compare=False, repr=False
     )
     """Set when the attempt should stop: its timeout passed or somebody cancelled the job.
     A sync handler checks it (or calls `raise_if_cancelled`) between steps; an async

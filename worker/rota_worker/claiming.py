@@ -5,6 +5,14 @@ the outcomes waiting in the buffer in the same transaction (one round trip, one
 commit per batch). When the queue is empty it waits for a NOTIFY or the poll
 interval; when every slot is busy it waits for one to be freed, and lets the
 outcome buffer write on its own meanwhile.
+
+Claiming ahead: while jobs end fast (the last `concurrency` attempts each under
+`AHEAD_FAST_SECONDS`), it also claims the batch after the one running, so that
+the database works on the next claim while this process runs the current
+batch, instead of each waiting for the other. A job claimed ahead is held (its
+lease is renewed) and starts the moment a slot frees; it never waits longer
+than `AHEAD_MAX_WAIT_SECONDS` (it is given back, its attempt not counted), and
+one slow attempt turns claiming ahead off until fast ones are the rule again.
 """
 
 from __future__ import annotations
@@ -13,17 +21,26 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from rota import claim as claims
+from rota.claim import Attempt
 from rota.errors import DatabaseUnavailable
-from rota.jobs import Job
+from rota.jobs import Job, Outcome
+from rota_worker.execute import Execution, Stop, stopped_outcome
 from rota_worker.leases import LeaseKeeper
 from rota_worker.link import Backoff, Link, first
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.settings import WorkerSettings
 
 log = logging.getLogger("rota.worker")
+
+AHEAD_FAST_SECONDS = 0.05
+"""Attempts shorter than this count as fast: worth claiming ahead for."""
+
+AHEAD_MAX_WAIT_SECONDS = 1.0
+"""A job claimed ahead that could not start within this long is given back."""
 
 
 class ClaimLoop:
@@ -33,17 +50,25 @@ class ClaimLoop:
         types: Sequence[str],
         leases: LeaseKeeper,
         outcomes: OutcomeBuffer,
-        start: Callable[[Job], None],
+        hold: Callable[[Job], Execution],
+        begin: Callable[[Execution], None],
         stopping: asyncio.Event,
     ) -> None:
         self.settings = settings
         self.types = list(types)
         self.leases = leases
         self.outcomes = outcomes
-        self._start = start
+        self._hold = hold
+        self._begin = begin
         self._stopping = stopping
-        self.slot_freed = asyncio.Event()
-        """Set whenever an attempt ends or its outcome is settled."""
+        self.waiting: deque[Execution] = deque()
+        """Claimed, held, not started yet (no slot was free), oldest first."""
+        self.active = 0
+        """Attempts started whose handler has not ended."""
+        self._fast_in_a_row = 0
+        self._requested = 0
+        """Jobs asked for by the claims in flight."""
+        self._parked: asyncio.Future[None] | None = None
         self.jobs_notified = asyncio.Event()
         """Set by the listener when a job that can run now was enqueued."""
         self.ready = False
@@ -51,37 +76,128 @@ class ClaimLoop:
         self.last_tick = time.monotonic()
         """When the loop last turned (for /healthz)."""
 
-    def free_slots(self) -> int:
-        """Slots free for new claims: a job can start, *and* the attempts held
-        (running, or finished with outcomes not yet written) stay under twice
-        the concurrency, so a fast queue never claims faster than it writes."""
+    @property
+    def claiming_ahead(self) -> bool:
         s = self.settings
-        return min(s.concurrency - len(self.leases.running), 2 * s.concurrency - len(self.leases))
+        return s.claim_ahead and self._fast_in_a_row >= s.concurrency
 
-    async def run(self, link: Link) -> None:
-        """Claim until the worker stops."""
+    def free_slots(self) -> int:
+        """Jobs the next claim may take: one per slot not running or spoken for (and
+        a batch more while claiming ahead), *and* the attempts held (waiting, running,
+        or finished with outcomes not yet written) stay under twice the concurrency
+        plus the batch ahead, so a fast queue never claims faster than it writes."""
+        c = self.settings.concurrency
+        ahead = c if self.claiming_ahead else 0
+        taken = self.active + len(self.waiting) + self._requested
+        return min(c + ahead - taken, 2 * c + ahead - len(self.leases) - self._requested)
+
+    # -- starting and ending attempts ---------------------------------------------
+    def attempt_ended(self, attempt: Attempt) -> None:
+        """An attempt's handler is done: its slot goes to the next waiting job.
+
+        The loop is woken first, so that it runs (and sends its next claim) before
+        the attempts started here do: the database then works on the claim while
+        this process runs them."""
+        self.active -= 1
+        if attempt.duration_seconds < AHEAD_FAST_SECONDS:
+            self._fast_in_a_row += 1
+        else:
+            self._fast_in_a_row = 0
+        self.wake()
+        self.start_waiting()
+
+    def wake(self) -> None:
+        """Resume the loop if it waits for a slot (an attempt ended, an outcome was
+        settled, or the worker stops)."""
+        parked = self._parked
+        if parked is not None and not parked.done():
+            parked.set_result(None)
+
+    async def _park(self, timeout: float | None) -> None:
+        """Wait for `wake` (or `timeout`): one future, so the loop resumes on the
+        next turn of the event loop, ahead of the tasks started meanwhile."""
+        loop = asyncio.get_running_loop()
+        if self._parked is None or self._parked.done():
+            self._parked = loop.create_future()
+        parked = self._parked
+        timer = loop.call_later(timeout, self.wake) if timeout is not None else None
         try:
-            await self._claim_and_carry(link)
+            await parked
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def start_waiting(self) -> None:
+        """Start waiting jobs while slots are free (at shutdown: give them back)."""
+        limit = self.settings.concurrency
+        while self.waiting and (self.active < limit or self._stopping.is_set()):
+            execution = self.waiting.popleft()
+            if self._stopping.is_set():
+                execution.stop(Stop.SHUTDOWN)
+            if execution.stopped is not None:
+                self._never_started(execution)
+                continue
+            self.active += 1
+            self._begin(execution)
+
+    def give_back_stale(self, now: float | None = None) -> int:
+        """Give back the jobs claimed ahead that have waited too long for a slot."""
+        now = time.monotonic() if now is None else now
+        stale = 0
+        while self.waiting and now - self.waiting[0].held_at >= AHEAD_MAX_WAIT_SECONDS:
+            self._never_started(self.waiting.popleft())
+            stale += 1
+        if stale:
+            self._fast_in_a_row = 0
+            log.info("%d jobs claimed ahead found no free slot in time; given back", stale)
+        return stale
+
+    def _never_started(self, execution: Execution) -> None:
+        job = execution.job
+        if execution.stopped is None:
+            attempt = Attempt(job.id, job.attempts, Outcome.RELEASED, type=job.type)
+        else:
+            decided = stopped_outcome(execution, self.settings.backoff)
+            attempt = Attempt(
+                job.id, job.attempts, decided.outcome, decided.delay, decided.error, job.type
+            )
+        self.outcomes.add(attempt)
+
+    # -- the loop ---------------------------------------------------------------
+    async def run(self, link: Link, ahead: Link | None = None) -> None:
+        """Claim until the worker stops: on `link`, and while claiming ahead also on
+        `ahead`, so that two claims can be in flight, each on its own connection."""
+        lanes = [self._claim_and_carry(link, lead=True)]
+        if ahead is not None and self.settings.claim_ahead:
+            lanes.append(self._claim_and_carry(ahead, lead=False))
+        try:
+            await asyncio.gather(*lanes)
         finally:
             self.outcomes.carry(False)
+            self.start_waiting()
 
-    async def _claim_and_carry(self, link: Link) -> None:
+    async def _claim_and_carry(self, link: Link, lead: bool) -> None:
         backoff = Backoff(most=self.settings.reconnect_max_seconds)
         s = self.settings
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
+            self.give_back_stale(self.last_tick)
+            if not lead and not self.claiming_ahead:
+                # The second lane claims only ahead of fast jobs.
+                await self._park(s.poll_interval_seconds)
+                continue
             free = self.free_slots()
             if free <= 0:
                 # Slots full of running attempts: the next to end frees one and its
                 # outcome goes with the claim that fills it. Outcomes already
                 # waiting, or too many held, are written by the buffer meanwhile.
                 self.outcomes.carry(not self.outcomes.pending and self._under_cap())
-                self.slot_freed.clear()
-                await first(self.slot_freed, self._stopping)
+                await self._park(AHEAD_MAX_WAIT_SECONDS if self.waiting else None)
                 continue
             self.outcomes.carry(True)
             self.jobs_notified.clear()
             batch = self.outcomes.take()
+            self._requested += free
             try:
                 written, jobs = await link.run(
                     claims.write_and_claim,
@@ -102,16 +218,20 @@ class ClaimLoop:
             except BaseException:
                 self.outcomes.give_back(batch)
                 raise
+            finally:
+                self._requested -= free
             self.ready = True
             backoff.reset()
+            for job in jobs:
+                self.waiting.append(self._hold(job))
+            self.start_waiting()
             if batch:
                 with contextlib.suppress(DatabaseUnavailable):
                     await self.outcomes.settle(link, batch, written)
-            for job in jobs:
-                self._start(job)
             if len(jobs) < free:
                 self.outcomes.carry(False)
                 await first(self.jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
 
     def _under_cap(self) -> bool:
-        return len(self.leases) < 2 * self.settings.concurrency
+        c = self.settings.concurrency
+        return len(self.leases) < 2 * c + (c if self.claiming_ahead else 0)

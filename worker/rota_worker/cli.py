@@ -45,6 +45,11 @@ def register(sub: Any) -> None:
         default="thread",
         help="run sync handlers in threads (default) or in child processes that can be killed",
     )
+    p.add_argument(
+        "--no-claim-ahead",
+        action="store_true",
+        help="claim only into free slots, never the next batch while short jobs run",
+    )
     p.add_argument("--no-scheduler", action="store_true")
     p.add_argument("--no-reaper", action="store_true")
     p.add_argument("--metrics-port", type=int, metavar="PORT")
@@ -81,6 +86,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         run_reaper=not args.no_reaper,
         run_scheduler=not args.no_scheduler,
         metrics_port=args.metrics_port,
+        claim_ahead=not args.no_claim_ahead,
     )
     load_handlers(args.handlers)
     Worker(database_url(), settings).run(install_signals=True)

@@ -72,6 +72,9 @@ class Execution:
     timeout_seconds: float | None = None
     stopped: Stop | None = None
     task: asyncio.Task[Attempt] | None = None
+    """None until the attempt starts (a job claimed ahead waits for a slot)."""
+    held_at: float = dataclasses.field(default_factory=time.monotonic)
+    """When this worker took the job (monotonic clock)."""
     _timer: asyncio.TimerHandle | None = None
 
     @property
@@ -90,12 +93,15 @@ class Execution:
             self._timer = None
 
     def stop(self, why: Stop) -> None:
-        """Stop the attempt (the first reason wins); safe to call more than once."""
-        if self.stopped is not None or self.task is None or self.task.done():
+        """Stop the attempt (the first reason wins); safe to call more than once.
+
+        One that has not started yet never will: the reason decides its outcome."""
+        if self.stopped is not None or (self.task is not None and self.task.done()):
             return
         self.stopped = why
         self.job.cancelled.set()
-        self.task.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
 def timeout_of(job: Job, handler: Handler | None, default: float | None) -> float | None:

@@ -79,6 +79,10 @@ class WorkerSettings:
     handler_modules: Sequence[str] = ()
     """Modules that register the handlers; child processes import them."""
 
+    claim_ahead: bool = True
+    """While attempts end fast, claim the next batch while the current one runs
+    (see rota_worker.claiming); False: claim only into free slots."""
+
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise InvalidInput("concurrency must be at least 1")

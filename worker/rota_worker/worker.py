@@ -83,7 +83,7 @@ class Worker:
             )  # fmt: skip
         self._stopping = asyncio.Event()
         self.claims = ClaimLoop(
-            s, self.types, self.leases, self.outcomes, self._start, self._stopping
+            s, self.types, self.leases, self.outcomes, self._hold, self._begin, self._stopping
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
@@ -99,7 +99,11 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to shut down gracefully (safe from any thread)."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
+            self._loop.call_soon_threadsafe(self._stop_now)
+
+    def _stop_now(self) -> None:
+        self._stopping.set()
+        self.claims.wake()
 
     def run(self, install_signals: bool = True) -> None:
         asyncio.run(self.run_async(install_signals=install_signals))
@@ -108,9 +112,10 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self._stopping.set)
-        io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rota-io")
-        links = {name: Link(self.dsn, name, io) for name in ("claim", "flush", "heartbeat")}
+                self._loop.add_signal_handler(sig, self._stop_now)
+        io = ThreadPoolExecutor(max_workers=5, thread_name_prefix="rota-io")
+        names = ("claim", "claim-ahead", "flush", "heartbeat")
+        links = {name: Link(self.dsn, name, io) for name in names}
         listener = Listener(self.dsn, self._loop, self.claims.jobs_notified)
         listener.start()
         probes = self._serve_probes()
@@ -132,7 +137,7 @@ class Worker:
                     asyncio.create_task(self.outcomes.run(links["flush"])),
                     asyncio.create_task(self._heartbeats(links["heartbeat"])),
                 ]
-                await self.claims.run(links["claim"])
+                await self.claims.run(links["claim"], links["claim-ahead"])
                 await self._shut_down()
         finally:
             for task in loops:
@@ -169,24 +174,29 @@ class Worker:
         return False
 
     # -- running attempts -----------------------------------------------------
-    def _start(self, job: Job) -> None:
+    def _hold(self, job: Job) -> Execution:
+        """A claimed job, held (its lease renewed) from now until its outcome is settled."""
         handler = self.handlers.get(job.type)
         execution = Execution(job, timeout_of(job, handler, self.settings.job_timeout_seconds))
-        execution.task = asyncio.create_task(self._execute(execution, handler))
         self.leases.hold(execution)
+        return execution
+
+    def _begin(self, execution: Execution) -> None:
+        handler = self.handlers.get(execution.job.type)
+        execution.task = asyncio.create_task(self._execute(execution, handler))
 
     async def _execute(self, execution: Execution, handler: Handler | None) -> Attempt:
         attempt = await run_attempt(
             execution, handler, self.context, self.runner, self.settings.backoff
         )
-        self.claims.slot_freed.set()
         self.outcomes.add(attempt)
+        self.claims.attempt_ended(attempt)
         return attempt
 
     def _settled(self, attempt: Attempt) -> None:
         """The outcome buffer is done with `attempt`: let go of its lease."""
         self.leases.drop(attempt.key)
-        self.claims.slot_freed.set()
+        self.claims.wake()
 
     async def _heartbeats(self, link: Link) -> None:
         while True:
