@@ -182,8 +182,9 @@ class ClaimLoop:
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             self.give_back_stale(self.last_tick)
-            if not lead and not self.claiming_ahead:
-                # The second lane claims only ahead of fast jobs.
+            if not lead and not (self.claiming_ahead and self._requested):
+                # The second lane claims only ahead of fast jobs, beside a claim in
+                # flight on the first (so an idle worker polls on one lane).
                 await self._park(s.poll_interval_seconds)
                 continue
             free = self.free_slots()
@@ -229,8 +230,13 @@ class ClaimLoop:
                 with contextlib.suppress(DatabaseUnavailable):
                     await self.outcomes.settle(link, batch, written)
             if len(jobs) < free:
+                # The queue is empty: the lead lane waits for a NOTIFY or the poll
+                # interval, the second for an attempt to end.
                 self.outcomes.carry(False)
-                await first(self.jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
+                if lead:
+                    await first(self.jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
+                else:
+                    await self._park(s.poll_interval_seconds)
 
     def _under_cap(self) -> bool:
         c = self.settings.concurrency

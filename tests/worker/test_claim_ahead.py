@@ -1,0 +1,176 @@
+"""Claiming ahead: the bookkeeping of jobs claimed before a slot is free for
+them, in-process (no database), and a real worker giving back a job that
+could not start in time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+import rota
+from rota.claim import Attempt
+from rota.handlers import Handler
+from rota.jobs import Job, Outcome, Status
+from rota_worker.claiming import AHEAD_FAST_SECONDS, AHEAD_MAX_WAIT_SECONDS, ClaimLoop
+from rota_worker.execute import Execution, Stop
+from rota_worker.leases import LeaseKeeper
+from rota_worker.outcomes import OutcomeBuffer
+from rota_worker.settings import WorkerSettings
+from rota_worker.worker import Worker
+from tests.acceptance.procs import wait_for
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+C = 3
+
+
+def job(job_id: int) -> Job:
+    return Job(job_id, "t", {}, None, Status.RUNNING, NOW, 1, 20)
+
+
+class Parts:
+    """A claim loop with its keeper and buffer; `begin` records instead of running."""
+
+    def __init__(self, claim_ahead: bool = True) -> None:
+        self.settings = WorkerSettings(concurrency=C, claim_ahead=claim_ahead)
+        self.keeper = LeaseKeeper("w", 30)
+        self.buffer = OutcomeBuffer("w", 100, settled=lambda a: self.keeper.drop(a.key))
+        self.stopping = asyncio.Event()
+        self.begun: list[int] = []
+        self.loop = ClaimLoop(
+            self.settings, ["t"], self.keeper, self.buffer, self.hold, self.begin, self.stopping
+        )
+
+    def hold(self, j: Job) -> Execution:
+        execution = Execution(j)
+        self.keeper.hold(execution)
+        return execution
+
+    def begin(self, execution: Execution) -> None:
+        self.begun.append(execution.job.id)
+
+    def claimed(self, *ids: int) -> list[Execution]:
+        executions = [self.hold(job(i)) for i in ids]
+        self.loop.waiting.extend(executions)
+        self.loop.start_waiting()
+        return executions
+
+    def end(self, job_id: int, seconds: float = 0.001) -> None:
+        attempt = Attempt(job_id, 1, Outcome.DONE, type="t", duration_seconds=seconds)
+        self.buffer.add(attempt)
+        self.loop.attempt_ended(attempt)
+
+
+def test_fast_attempts_open_a_batch_ahead_and_the_concurrency_still_holds() -> None:
+    parts = Parts()
+    assert parts.loop.free_slots() == C  # nothing known yet: only the free slots
+    parts.claimed(1, 2, 3)
+    assert parts.begun == [1, 2, 3] and parts.loop.free_slots() == 0
+    for i in (1, 2, 3):
+        parts.end(i)
+    assert parts.loop.claiming_ahead
+    parts.claimed(4, 5, 6, 7, 8, 9)  # a batch ahead: three start, three wait
+    assert parts.begun[3:] == [4, 5, 6] and len(parts.loop.waiting) == 3
+    assert parts.loop.active == C
+    parts.end(4)
+    assert parts.begun[6:] == [7] and parts.loop.active == C  # the freed slot, at once
+
+
+def test_one_slow_attempt_stops_claiming_ahead() -> None:
+    parts = Parts()
+    parts.claimed(1, 2, 3)
+    for i in (1, 2, 3):
+        parts.end(i)
+    assert parts.loop.claiming_ahead
+    parts.claimed(4)
+    parts.end(4, seconds=AHEAD_FAST_SECONDS * 2)
+    assert not parts.loop.claiming_ahead
+
+
+def test_without_claiming_ahead_only_free_slots_are_claimed() -> None:
+    parts = Parts(claim_ahead=False)
+    parts.claimed(1, 2, 3)
+    for i in (1, 2, 3):
+        parts.end(i)
+    assert not parts.loop.claiming_ahead and parts.loop.free_slots() == C
+
+
+def test_a_job_that_waited_too_long_for_a_slot_is_given_back_uncounted() -> None:
+    parts = Parts()
+    waiting = parts.claimed(1, 2, 3, 4)[3]
+    assert parts.loop.give_back_stale(waiting.held_at + AHEAD_MAX_WAIT_SECONDS / 2) == 0
+    assert parts.loop.give_back_stale(waiting.held_at + AHEAD_MAX_WAIT_SECONDS) == 1
+    [given_back] = parts.buffer.pending
+    assert (given_back.job_id, given_back.outcome) == (4, Outcome.RELEASED)
+    assert given_back.error is None and given_back.delay == 0  # no error recorded, ready at once
+    assert parts.begun == [1, 2, 3]
+
+
+def test_a_waiting_job_cancelled_or_lost_never_starts() -> None:
+    parts = Parts()
+    executions = parts.claimed(1, 2, 3, 4, 5)
+    executions[3].stop(Stop.CANCEL)
+    executions[4].stop(Stop.LEASE_LOST)
+    assert executions[3].job.cancelled.is_set()
+    parts.end(1)
+    parts.end(2)
+    assert parts.begun == [1, 2, 3]
+    outcomes = {a.job_id: a.outcome for a in parts.buffer.pending}
+    assert outcomes[4] == Outcome.CANCELLED and outcomes[5] == Outcome.LEASE_LOST
+
+
+def test_at_shutdown_waiting_jobs_are_given_back_not_started() -> None:
+    parts = Parts()
+    parts.claimed(1, 2, 3, 4)
+    parts.stopping.set()
+    parts.end(1)
+    assert parts.begun == [1, 2, 3]
+    released = [a for a in parts.buffer.pending if a.job_id == 4]
+    assert [a.outcome for a in released] == [Outcome.RELEASED]
+
+
+def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    found = conn.execute("SELECT * FROM rota.job WHERE id = %s", (job_id,)).fetchone()
+    assert found is not None
+    return dict(found)
+
+
+def test_a_worker_gives_back_a_job_claimed_ahead_of_a_slow_one(conn, db_url) -> None:
+    gate = threading.Event()
+    started: list[str] = []
+
+    def work(j: Job) -> None:
+        started.append(j.payload["name"])
+        if j.payload["name"] == "slow":
+            gate.wait(60)
+
+    handler = Handler("t", work, is_async=False, wants_context=False)
+    settings = WorkerSettings(
+        concurrency=1, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
+    )
+    worker = Worker(db_url, settings, handlers={"t": handler})
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        warm = rota.enqueue(conn, "t", {"name": "warm"})
+        wait_for(lambda: row(conn, warm)["status"] == "done", what="the first job")
+        assert worker.claims.claiming_ahead
+        slow, queued = rota.enqueue_many(
+            conn, [rota.NewJob("t", {"name": "slow"}), rota.NewJob("t", {"name": "queued"})]
+        )
+        # Both come in one claim; the second waits for the only slot, then goes back.
+        wait_for(lambda: row(conn, queued)["releases"] == 1, what="the waiting job to go back")
+        back = row(conn, queued)
+        assert (back["status"], back["attempts"], back["last_error"]) == ("ready", 0, None)
+        assert started == ["warm", "slow"]
+        gate.set()
+        wait_for(lambda: row(conn, queued)["status"] == "done", what="the job given back to run")
+        assert started == ["warm", "slow", "queued"] and row(conn, queued)["attempts"] == 1
+    finally:
+        gate.set()
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
