@@ -165,7 +165,7 @@ def test_a_worker_gives_back_a_job_claimed_ahead_of_a_slow_one(conn, db_url) -> 
         wait_for(lambda: row(conn, queued)["releases"] == 1, what="the waiting job to go back")
         back = row(conn, queued)
         assert (back["status"], back["attempts"], back["last_error"]) == ("ready", 0, None)
-        assert started == ["warm", "slow"]
+        assert started == ["warm", "slow"] and row(conn, slow)["status"] == "running"
         gate.set()
         wait_for(lambda: row(conn, queued)["status"] == "done", what="the job given back to run")
         assert started == ["warm", "slow", "queued"] and row(conn, queued)["attempts"] == 1
