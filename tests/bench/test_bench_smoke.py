@@ -122,7 +122,7 @@ def test_plan_findings_show_every_hot_statement(tmp_path: Path) -> None:
     plans = json.loads(out.read_text())["plans"]
     for name in ("claim_jobs", "extend_leases", "write_outcomes"):
         entry = plans[name]
-        assert entry["generic_plan"].startswith("Update on job")
+        assert "Update on job" in entry["generic_plan"]
         for mode in ("force_custom_plan", "force_generic_plan"):
             assert "Execution Time" in entry[mode]["plan"]
         assert len(entry["calls_ms"]) == 20 and len(entry["executed_plans"]) == 20
