@@ -84,12 +84,18 @@ class ClaimLoop:
     def free_slots(self) -> int:
         """Jobs the next claim may take: one per slot not running or spoken for (and
         a batch more while claiming ahead), *and* the attempts held (waiting, running,
-        or finished with outcomes not yet written) stay under twice the concurrency
-        plus the batch ahead, so a fast queue never claims faster than it writes."""
+        or finished with outcomes not yet written) stay under the cap, so a fast
+        queue never claims faster than it writes."""
         c = self.settings.concurrency
         ahead = c if self.claiming_ahead else 0
         taken = self.active + len(self.waiting) + self._requested
-        return min(c + ahead - taken, 2 * c + ahead - len(self.leases) - self._requested)
+        return min(c + ahead - taken, self._cap() - len(self.leases) - self._requested)
+
+    def _cap(self) -> int:
+        """Most attempts held at once: twice the concurrency; while claiming ahead,
+        a batch more waiting and a batch more of outcomes to carry."""
+        c = self.settings.concurrency
+        return 2 * c + (2 * c if self.claiming_ahead else 0)
 
     # -- starting and ending attempts ---------------------------------------------
     def attempt_ended(self, attempt: Attempt) -> None:
@@ -191,8 +197,11 @@ class ClaimLoop:
             if free <= 0:
                 # Slots full of running attempts: the next to end frees one and its
                 # outcome goes with the claim that fills it. Outcomes already
-                # waiting, or too many held, are written by the buffer meanwhile.
-                self.outcomes.carry(not self.outcomes.pending and self._under_cap())
+                # waiting, or too many held, are written by the buffer meanwhile,
+                # unless a claim is in flight: its lane carries them when it is back.
+                self.outcomes.carry(
+                    self._requested > 0 or (not self.outcomes.pending and self._under_cap())
+                )
                 await self._park(AHEAD_MAX_WAIT_SECONDS if self.waiting else None)
                 continue
             self.outcomes.carry(True)
@@ -239,5 +248,4 @@ class ClaimLoop:
                     await self._park(s.poll_interval_seconds)
 
     def _under_cap(self) -> bool:
-        c = self.settings.concurrency
-        return len(self.leases) < 2 * c + (c if self.claiming_ahead else 0)
+        return len(self.leases) < self._cap()
