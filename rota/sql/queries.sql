@@ -26,7 +26,7 @@ inserted AS (
            coalesce(%(now)s::timestamptz, now())
     FROM input
     ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, idempotency_key
 )
 SELECT i.ord,

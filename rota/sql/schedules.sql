@@ -65,7 +65,7 @@ INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, prio
                       timeout_seconds, schedule_id, slot, created_at)
 VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(priority)s,
         %(timeout_seconds)s, %(schedule_id)s, %(slot)s, coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id
 
 -- name: schedule_advance

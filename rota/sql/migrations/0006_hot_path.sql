@@ -29,14 +29,6 @@ BEGIN
 END
 $$;
 
--- Idempotency keys: most jobs have none, and a unique constraint indexes the
--- NULLs too, one entry more for every new row version of every job. A partial
--- unique index holds the same promise (no two rows with one key) and indexes
--- only the keys. ON CONFLICT names its predicate to find it.
-CREATE UNIQUE INDEX job_idempotency_key_idx ON rota.job (idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-ALTER TABLE rota.job DROP CONSTRAINT job_idempotency_key_key;
-
 -- A worker's running rows are found among the running rows (never more than
 -- the workers' concurrency) through job_running_idx; an index of their own cost
 -- one entry per claim.
