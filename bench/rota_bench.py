@@ -38,6 +38,10 @@ def fresh(new_database: NewDatabase, name: str) -> str:
     return dsn
 
 
+EXTRA_WORKER_ARGS: list[str] = []
+"""More `rota worker` flags for every Rota worker (`python -m bench.run --worker-arg`)."""
+
+
 def worker_command(concurrency: int) -> list[str]:
     return [
         "-m",
@@ -51,6 +55,7 @@ def worker_command(concurrency: int) -> list[str]:
         "30",
         "--no-scheduler",
         "--no-reaper",
+        *EXTRA_WORKER_ARGS,
     ]
 
 
@@ -102,7 +107,8 @@ def drain(
         (REMAINING, ANY_LEFT),
         jobs,
         lambda: start_workers(dsn, processes, concurrency),
-        f"concurrency {concurrency} per process (claims up to the free slots)",
+        f"concurrency {concurrency} per process (claims into the free slots,"
+        " and a batch ahead while jobs end fast)",
         server,
     )
 

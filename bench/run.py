@@ -463,6 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrency", type=int, help=f"Rota worker concurrency ({defaults.concurrency})"
     )
     parser.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every Rota worker, e.g. --worker-arg=--no-claim-ahead",
+    )
+    parser.add_argument(
         "--done-rows", type=int, help=f"done rows beside the crowded drain ({defaults.done_rows:,})"
     )
     parser.add_argument(
@@ -496,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_rota:
         changes["peers"] = ()
     plan = dataclasses.replace(plan, **changes)
+    rota_bench.EXTRA_WORKER_ARGS[:] = args.worker_arg
     logging.basicConfig(level=logging.WARNING)
 
     from bench.server import postmaster_pid
