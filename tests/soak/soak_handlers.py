@@ -4,7 +4,8 @@
 completion commit in one transaction of the handler's own (`rota.complete`).
 A late finisher (its lease taken away while it ran, its timeout passed, or its
 job cancelled) has its completion refused, rolls its effect back, and leaves a
-note in `soak_refused` instead.
+note in `soak_refused` instead. Every attempt that starts says so first, in
+`soak_started` (a job claimed ahead may be held and given back unstarted).
 
 `failover.run` has no transaction to protect it: it appends one line per run to
 the file named by ROTA_RUNS_LOG, which survives a database failover, so the
@@ -42,12 +43,17 @@ def _connection() -> psycopg.Connection[tuple[object, ...]]:
 
 @rota.handler("soak.effect")
 def effect_once(job: rota.Job) -> None:
+    conn = _connection()
+    conn.execute(
+        "INSERT INTO soak_started (job_id, worker, attempt) VALUES (%s, %s, %s)",
+        (job.id, job.locked_by, job.attempts),
+    )
     payload = job.payload or {}
     # "first_ms": the first attempt outlives its timeout and, like a handler that
     # never looks at job.cancelled, tries to complete anyway.
     ms = payload.get("first_ms", 0) if job.attempts == 1 else 0
     time.sleep(float(ms or payload.get("ms", 0)) / 1000)
-    conn = _connection()
+    conn = _connection()  # again: the server may have restarted meanwhile
     try:
         with conn.transaction():
             conn.execute(

@@ -174,3 +174,13 @@ def test_a_worker_gives_back_a_job_claimed_ahead_of_a_slow_one(conn, db_url) -> 
         worker.stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_a_slot_freed_late_never_starts_a_job_that_waited_too_long() -> None:
+    """A process stopped past its leases wakes with jobs claimed ahead: they go back."""
+    parts = Parts()
+    waiting = parts.claimed(1, 2, 3, 4)[3]
+    waiting.held_at -= AHEAD_MAX_WAIT_SECONDS
+    parts.end(1)
+    assert parts.begun == [1, 2, 3] and parts.loop.active == C - 1
+    assert [(a.job_id, a.outcome) for a in parts.buffer.pending][-1] == (4, Outcome.RELEASED)

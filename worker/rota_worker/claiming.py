@@ -136,11 +136,15 @@ class ClaimLoop:
     def start_waiting(self) -> None:
         """Start waiting jobs while slots are free (at shutdown: give them back)."""
         limit = self.settings.concurrency
+        now = time.monotonic()
         while self.waiting and (self.active < limit or self._stopping.is_set()):
             execution = self.waiting.popleft()
             if self._stopping.is_set():
                 execution.stop(Stop.SHUTDOWN)
-            if execution.stopped is not None:
+            # One that waited too long is given back, never started: its lease
+            # may be gone (this process was stopped, say) and the job run elsewhere.
+            stale = now - execution.held_at >= AHEAD_MAX_WAIT_SECONDS
+            if execution.stopped is not None or stale:
                 self._never_started(execution)
                 continue
             self.active += 1
