@@ -177,12 +177,15 @@ class ClaimLoop:
     async def run(self, link: Link, ahead: Link | None = None) -> None:
         """Claim until the worker stops: on `link`, and while claiming ahead also on
         `ahead`, so that two claims can be in flight, each on its own connection."""
-        lanes = [self._claim_and_carry(link, lead=True)]
+        lanes = [asyncio.create_task(self._claim_and_carry(link, lead=True))]
         if ahead is not None and self.settings.claim_ahead:
-            lanes.append(self._claim_and_carry(ahead, lead=False))
+            lanes.append(asyncio.create_task(self._claim_and_carry(ahead, lead=False)))
         try:
             await asyncio.gather(*lanes)
         finally:
+            for lane in lanes:  # one lane failed: the other stops too
+                lane.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
             self.outcomes.carry(False)
             self.start_waiting()
 
