@@ -150,6 +150,18 @@ class Soak:
         value = self.query(statement, *params)[0][0]
         return int(value) if isinstance(value, Decimal) else value
 
+    def among(self, table: str, attempts: list[tuple[int, str, int]]) -> int:
+        """Rows of soak table `table` (effect, refused or started) for these attempts."""
+        return int(
+            self.scalar(
+                f"SELECT count(*) FROM {table} JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
+                " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
+                [x[0] for x in attempts],
+                [x[1] for x in attempts],
+                [x[2] for x in attempts],
+            )
+        )
+
     def enqueue(self, count: int) -> None:
         jobs = []
         for n in range(count):
@@ -294,18 +306,8 @@ class Soak:
         # (refused: the lease is gone) so that what it did can be checked. Jobs
         # it held claimed ahead, not started, are given back and never start.
         if late:
-            columns = [list(column) for column in zip(*late, strict=True)]
             wait_for(
-                lambda: self.scalar(
-                    "SELECT count(*) FROM soak_refused r JOIN unnest(%s::bigint[], %s::text[],"
-                    " %s::int[]) AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
-                    *columns,
-                )
-                == self.scalar(
-                    "SELECT count(*) FROM soak_started s JOIN unnest(%s::bigint[], %s::text[],"
-                    " %s::int[]) AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
-                    *columns,
-                ),
+                lambda: self.among("soak_refused", late) == self.among("soak_started", late),
                 timeout=60,
                 what=f"the late finisher {proc.pid} to try its started completions",
             )
@@ -475,27 +477,9 @@ def measure(soak: Soak) -> dict[str, Any]:
             " WHERE e.worker IS DISTINCT FROM j.locked_by OR e.attempt <> j.attempts"
         ),
         "late_held": len(late),
-        "late_effects": one(
-            "SELECT count(*) FROM soak_effect e JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
-            " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
-            [x[0] for x in late],
-            [x[1] for x in late],
-            [x[2] for x in late],
-        ),
-        "late_started": one(
-            "SELECT count(*) FROM soak_started s JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
-            " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
-            [x[0] for x in late],
-            [x[1] for x in late],
-            [x[2] for x in late],
-        ),
-        "late_refused": one(
-            "SELECT count(*) FROM soak_refused r JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
-            " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
-            [x[0] for x in late],
-            [x[1] for x in late],
-            [x[2] for x in late],
-        ),
+        "late_effects": soak.among("soak_effect", late),
+        "late_started": soak.among("soak_started", late),
+        "late_refused": soak.among("soak_refused", late),
         "refused": one("SELECT count(*) FROM soak_refused"),
         "reruns": one("SELECT count(*) FROM rota.job WHERE type = %s AND attempts > 1", TYPE),
         "extra_attempts": one(
