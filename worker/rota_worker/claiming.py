@@ -135,23 +135,23 @@ class ClaimLoop:
 
     def start_waiting(self) -> None:
         """Start waiting jobs while slots are free (at shutdown: give them back)."""
+        # One that waited too long is given back, never started: its lease may be
+        # gone (this process was stopped, say) and the job run elsewhere.
+        self.give_back_stale()
         limit = self.settings.concurrency
-        now = time.monotonic()
         while self.waiting and (self.active < limit or self._stopping.is_set()):
             execution = self.waiting.popleft()
             if self._stopping.is_set():
                 execution.stop(Stop.SHUTDOWN)
-            # One that waited too long is given back, never started: its lease
-            # may be gone (this process was stopped, say) and the job run elsewhere.
-            stale = now - execution.held_at >= AHEAD_MAX_WAIT_SECONDS
-            if execution.stopped is not None or stale:
+            if execution.stopped is not None:
                 self._never_started(execution)
                 continue
             self.active += 1
             self._begin(execution)
 
     def give_back_stale(self, now: float | None = None) -> int:
-        """Give back the jobs claimed ahead that have waited too long for a slot."""
+        """Give back the jobs claimed ahead that have waited too long for a slot
+        (the oldest wait first)."""
         now = time.monotonic() if now is None else now
         stale = 0
         while self.waiting and now - self.waiting[0].held_at >= AHEAD_MAX_WAIT_SECONDS:
