@@ -120,9 +120,7 @@ class Job:
     cancel_requested_at: datetime | None = None
     releases: int = 0
     """Consecutive give-backs that did not count as attempts (outages, shutdowns)."""
-    cancelled: StopSignal = dataclasses.field(
-        default_factory=StopSignal, compare=False, repr=False
-    )
+    cancelled: StopSignal = dataclasses.field(default_factory=StopSignal, compare=False, repr=False)
     """Set when the attempt should stop: its timeout passed or somebody cancelled the job.
     A sync handler checks it (or calls `raise_if_cancelled`) between steps; an async
     handler is cancelled outright and sees `asyncio.CancelledError`."""
