@@ -66,14 +66,17 @@ WITH picked AS (
     WHERE NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
     LIMIT %(limit)s
 )
+-- The picked rows are reached by primary key from an array, never joined: a
+-- join may be planned as a hash join over a sequential scan of the whole table
+-- (a generic plan that cannot see the limit, or a custom one for a large batch
+-- on a table of some ten thousand rows), which costs every claim the table.
 UPDATE rota.job AS j
 SET status = 'running',
     locked_by = %(worker)s,
     locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s),
     attempts = j.attempts + 1,
     started_at = coalesce(%(now)s::timestamptz, now())
-FROM picked
-WHERE j.id = picked.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 -- The columns of a Job, in its order, so that the worker builds each one
 -- positionally.
 RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,

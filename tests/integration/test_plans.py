@@ -143,6 +143,47 @@ def test_claim_walks_the_claim_index(crowded: str) -> None:
         assert "job_claim_idx" in json.dumps(plan)
 
 
+@pytest.fixture
+def backlog(db_url: str) -> Iterator[str]:
+    """A drain's table: 30,000 ready rows and nothing else, analyzed."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO rota.job (type, run_at) SELECT 'bench.noop', now() - interval '1 s'"
+            " FROM generate_series(1, 30000)"
+        )
+        c.execute("VACUUM ANALYZE rota.job")
+    yield db_url
+
+
+def _custom_plan(
+    conn: psycopg.Connection[Any], name: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    """The plan PostgreSQL makes for `name` with these values, run and rolled back."""
+    with conn.transaction(force_rollback=True), conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.query(name), params).fetchone()
+    assert row is not None
+    doc = row[0]
+    return (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("limit", [100, 500])
+def test_a_large_claim_marks_its_rows_by_primary_key(backlog: str, limit: int) -> None:
+    # On a table of a drain's size a join of the picked rows was planned as a
+    # hash join over a sequential scan of the table from a few hundred rows on.
+    with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
+        params = {"worker": WORKER, "limit": limit, "lease": 30.0, "types": None, "now": None}
+        plan = _custom_plan(c, "claim_jobs", params)
+        _assert_keyed(plan)
+        assert plan["Actual Rows"] == limit
+        params["types"] = ["bench.noop"]
+        _assert_keyed(_custom_plan(c, "claim_jobs", params))
+
+
+def test_the_generic_claim_on_a_backlog_marks_its_rows_by_primary_key(backlog: str) -> None:
+    with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
+        _assert_keyed(_generic_plan(c, "claim_jobs"))
+
+
 # -- the claim that carries outcomes --------------------------------------------
 
 
