@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -99,6 +100,9 @@ def _start_console(dsn: str) -> tuple[str, Any]:
 def run_demo(seconds: float | None = None, refresh: float = 2.0) -> int:
     # Retries and dead letters show in the table; their log lines would scroll it away.
     logging.getLogger("rota").setLevel(logging.ERROR)
+    # SIGTERM (a process manager, `timeout`) stops the demo as Ctrl-C does, so the
+    # embedded server is shut down and removed rather than left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print("Starting an embedded PostgreSQL ...", flush=True)
     with EmbeddedPostgres() as pg:
         dsn = pg.url()
