@@ -48,6 +48,8 @@ SELECT idempotency_key, id FROM rota.job WHERE idempotency_key = ANY(%(keys)s::t
 -- the lateral scan walks job_claim_idx one priority at a time (0 first), each
 -- a range scan that stops at the first job not yet due, and the outer LIMIT
 -- stops as soon as enough jobs are locked. Paused types are never claimed.
+-- Given types are written into the statement as a literal, not bound (see
+-- rota.claim._claim_statement); NULL claims any type.
 WITH picked AS (
     SELECT c.id
     FROM generate_series(0, 9) AS p(priority)

@@ -56,6 +56,18 @@ def test_claim_respects_run_at_types_and_limit(conn: psycopg.Connection[Any]) ->
     assert [j.type for j in claims.claim(conn, "w", 10, 30, now=at(61))] == ["a"]
 
 
+@pytest.mark.parametrize("odd", ["it's", "100%", "a,b", "{x}", 'say "hi"', "back\\slash"])
+def test_a_type_of_any_spelling_is_claimed_and_only_it(
+    conn: psycopg.Connection[Any], odd: str
+) -> None:
+    # The worker's types are written into its claim statement, not bound.
+    rota.enqueue_many(conn, [rota.NewJob(odd), rota.NewJob("plain")], now=T0)
+    got = claims.claim(conn, "w", 10, 30, types=[odd], now=at(1))
+    assert [j.type for j in got] == [odd]
+    _, more = claims.write_and_claim(conn, "w", [], 10, 30, types=[odd, "plain"], now=at(1))
+    assert [j.type for j in more] == ["plain"]
+
+
 def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
     rota.enqueue_many(db_url, [rota.NewJob("t") for _ in range(2000)])
     claimed: list[list[int]] = [[] for _ in range(6)]

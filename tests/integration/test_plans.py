@@ -184,6 +184,64 @@ def test_the_generic_claim_on_a_backlog_marks_its_rows_by_primary_key(backlog: s
         _assert_keyed(_generic_plan(c, "claim_jobs"))
 
 
+# -- the worker's claim, its types written in -------------------------------------------
+
+
+def _executed(conn: psycopg.Connection[Any], text: str, values: str) -> dict[str, Any]:
+    """The generic plan a prepared `text` runs (once, rolled back)."""
+    with conn.transaction(force_rollback=True), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("PREPARE mine AS " + _numbered(text))
+        row = cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mine({values})").fetchone()
+        assert row is not None
+        kinds = cur.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'mine'"
+        ).fetchone()
+        assert kinds == (1, 0)
+    doc = row[0]
+    return (json.loads(doc) if isinstance(doc, str) else doc)[0]  # type: ignore[no-any-return]
+
+
+def _removed(plan: dict[str, Any]) -> int:
+    return sum(n.get("Rows Removed by Filter", 0) for n in _nodes(plan))
+
+
+@pytest.fixture
+def mixed(db_url: str) -> Iterator[str]:
+    """30,000 ready jobs of another type before 300 of ours, analyzed."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO rota.job (type, run_at) SELECT 'other', now() - interval '1 min'"
+            " FROM generate_series(1, 30000)"
+        )
+        c.execute(
+            "INSERT INTO rota.job (type, run_at) SELECT 'mine', now() - interval '1 s'"
+            " FROM generate_series(1, 300)"
+        )
+        c.execute("VACUUM ANALYZE rota.job")
+    yield db_url
+
+
+def test_a_workers_generic_claim_never_walks_the_ready_jobs_of_other_types(mixed: str) -> None:
+    # Planned for any types, the generic claim would walk the 30,000 others to
+    # find ours: the worker's claim names its types in the statement.
+    with psycopg.connect(mixed, autocommit=True) as c:
+        c.execute("SET plan_cache_mode = force_generic_plan")
+        text = claims._claim_query(["mine"])
+        run = _executed(c, text, f"NULL, {BATCH}, '{WORKER}', 30")
+        assert run["Plan"]["Actual Rows"] == BATCH
+        assert _removed(run["Plan"]) < 1_000, json.dumps(run["Plan"])
+        _assert_keyed(run["Plan"])
+
+
+def test_a_workers_generic_claim_on_its_own_backlog_walks_the_claim_index(backlog: str) -> None:
+    with psycopg.connect(backlog, autocommit=True) as c:
+        c.execute("SET plan_cache_mode = force_generic_plan")
+        run = _executed(c, claims._claim_query(["bench.noop"]), f"NULL, 500, '{WORKER}', 30")
+        assert run["Plan"]["Actual Rows"] == 500
+        _assert_keyed(run["Plan"])
+        assert "job_claim_idx" in json.dumps(run["Plan"])
+
+
 # -- the claim that carries outcomes --------------------------------------------
 
 
