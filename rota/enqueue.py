@@ -60,6 +60,9 @@ def enqueue_many(
         return []
     payloads = [_checked(job, settings) for job in jobs]
     handlers = registered()
+    if len(jobs) == 1:
+        return [_enqueue_one(conn_or_dsn, jobs[0], payloads[0], _priority(jobs[0], handlers),
+                             settings, now)]  # fmt: skip
     params = {
         "types": [job.type for job in jobs],
         "payloads": payloads,
@@ -90,6 +93,35 @@ def enqueue_many(
     if None in ids:  # pragma: no cover - the key's holder rolled back between our two statements
         raise InvalidInput("a job with that key was being inserted concurrently; enqueue again")
     return [int(id_) for id_ in ids if id_ is not None]
+
+
+def _enqueue_one(
+    conn_or_dsn: ConnOrDsn,
+    job: NewJob,
+    payload: Jsonb,
+    priority: int,
+    settings: QueueSettings,
+    now: datetime | None,
+) -> int:
+    params = {
+        "type": job.type,
+        "payload": payload,
+        "key": job.key,
+        "run_at": job.run_at,
+        "delay": None if job.delay is None else float(job.delay),
+        "max_attempts": job.max_attempts,
+        "priority": priority,
+        "timeout": job.timeout,
+        "default_max_attempts": settings.default_max_attempts,
+        "now": now,
+    }
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("enqueue_job"), params)
+        if not rows:  # the key is taken: a new statement sees the row that holds it
+            rows = fetch_all(conn, sql.query("ids_for_keys"), {"keys": [job.key]})
+    if not rows:  # pragma: no cover - the key's holder rolled back between our two statements
+        raise InvalidInput("a job with that key was being inserted concurrently; enqueue again")
+    return int(rows[0]["id"])
 
 
 def _priority(job: NewJob, handlers: dict[str, Any]) -> int:

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 import rota
+from rota import handlers
 from rota.errors import InvalidInput
 from rota.settings import QueueSettings
 
@@ -58,6 +59,33 @@ def test_batch_keeps_input_order_and_folds_duplicate_keys(conn: psycopg.Connecti
     assert by_id[ids[2]]["payload"] == {"i": 2}
     assert by_id[ids[4]]["payload"] == {"i": 4}
     assert len(by_id) == 4
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        rota.NewJob("t"),
+        rota.NewJob("t", {"a": [1, "x"]}, key="k-1"),
+        rota.NewJob("t", None, delay=30.5, max_attempts=3),
+        rota.NewJob("t", "text", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        rota.NewJob("prioritized", [1, 2], priority=7, timeout=2.5),
+        rota.NewJob("prioritized"),  # the handler's priority
+    ],
+)
+def test_one_job_makes_the_row_a_batch_makes(
+    conn: psycopg.Connection[Any], job: rota.NewJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A single job takes a statement of its own: it must write what the batch does.
+    monkeypatch.setattr(handlers, "_registry", {})
+    rota.handler("prioritized", priority=4)(lambda job: None)
+    now = datetime(2030, 6, 1, tzinfo=UTC)
+    alone = rota.enqueue_many(conn, [job], now=now)
+    batch = rota.enqueue_many(conn, [job, rota.NewJob("other")], now=now)
+    made = {r["id"]: {k: v for k, v in r.items() if k != "id"} for r in rows(conn)}
+    if job.key is None:
+        assert made[alone[0]] == made[batch[0]]
+    else:
+        assert batch[0] == alone[0]  # the key already held
 
 
 def test_batch_of_thousands(conn: psycopg.Connection[Any]) -> None:
