@@ -35,6 +35,14 @@ BATCH = 100
 RUNS = 8
 
 
+def _add_ready(c: psycopg.Connection[Any], job_type: str, count: int, age: str = "1 s") -> None:
+    c.execute(
+        "INSERT INTO rota.job (type, run_at) SELECT %s, now() - %s::interval"
+        " FROM generate_series(1, %s)",
+        (job_type, age, count),
+    )
+
+
 @pytest.fixture
 def crowded(db_url: str) -> Iterator[str]:
     """200,000 done rows and some ready ones, analyzed while nothing runs."""
@@ -45,11 +53,7 @@ def crowded(db_url: str) -> Iterator[str]:
             " FROM generate_series(1, %s)",
             (DONE_ROWS,),
         )
-        c.execute(
-            "INSERT INTO rota.job (type, run_at) SELECT 'bench.noop', now() - interval '1 s'"
-            " FROM generate_series(1, %s)",
-            (READY_ROWS,),
-        )
+        _add_ready(c, "bench.noop", READY_ROWS)
         c.execute("VACUUM ANALYZE rota.job")
     yield db_url
 
@@ -66,6 +70,11 @@ def _numbered(text: str) -> str:
     return re.sub(r"%\((\w+)\)s", number, text)
 
 
+def _explained(doc: Any) -> dict[str, Any]:
+    """The top of an `EXPLAIN (FORMAT JSON)` result, however the driver returned it."""
+    return (json.loads(doc) if isinstance(doc, str) else doc)[0]  # type: ignore[no-any-return]
+
+
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", []):
@@ -78,8 +87,7 @@ def _generic_plan(conn: psycopg.Connection[Any], name: str) -> dict[str, Any]:
             "EXPLAIN (GENERIC_PLAN, FORMAT JSON) " + _numbered(sql.query(name))
         ).fetchone()
     assert rows is not None
-    doc = rows[0]
-    return (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]  # type: ignore[no-any-return]
+    return _explained(rows[0])["Plan"]  # type: ignore[no-any-return]
 
 
 def _prepared(conn: psycopg.Connection[Any], fragment: str) -> dict[str, Any]:
@@ -147,10 +155,7 @@ def test_claim_walks_the_claim_index(crowded: str) -> None:
 def backlog(db_url: str) -> Iterator[str]:
     """A drain's table: 30,000 ready rows and nothing else, analyzed."""
     with psycopg.connect(db_url, autocommit=True) as c:
-        c.execute(
-            "INSERT INTO rota.job (type, run_at) SELECT 'bench.noop', now() - interval '1 s'"
-            " FROM generate_series(1, 30000)"
-        )
+        _add_ready(c, "bench.noop", 30_000)
         c.execute("VACUUM ANALYZE rota.job")
     yield db_url
 
@@ -162,8 +167,7 @@ def _custom_plan(
     with conn.transaction(force_rollback=True), conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.query(name), params).fetchone()
     assert row is not None
-    doc = row[0]
-    return (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]  # type: ignore[no-any-return]
+    return _explained(row[0])["Plan"]  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("limit", [100, 500])
@@ -184,7 +188,7 @@ def test_the_generic_claim_on_a_backlog_marks_its_rows_by_primary_key(backlog: s
         _assert_keyed(_generic_plan(c, "claim_jobs"))
 
 
-# -- the worker's claim, its types written in -------------------------------------------
+# -- the worker's claim, its types written in ------------------------------------
 
 
 def _executed(conn: psycopg.Connection[Any], text: str, values: str) -> dict[str, Any]:
@@ -197,8 +201,7 @@ def _executed(conn: psycopg.Connection[Any], text: str, values: str) -> dict[str
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'mine'"
         ).fetchone()
         assert kinds == (1, 0)
-    doc = row[0]
-    return (json.loads(doc) if isinstance(doc, str) else doc)[0]  # type: ignore[no-any-return]
+    return _explained(row[0])
 
 
 def _removed(plan: dict[str, Any]) -> int:
@@ -209,14 +212,8 @@ def _removed(plan: dict[str, Any]) -> int:
 def mixed(db_url: str) -> Iterator[str]:
     """30,000 ready jobs of another type before 300 of ours, analyzed."""
     with psycopg.connect(db_url, autocommit=True) as c:
-        c.execute(
-            "INSERT INTO rota.job (type, run_at) SELECT 'other', now() - interval '1 min'"
-            " FROM generate_series(1, 30000)"
-        )
-        c.execute(
-            "INSERT INTO rota.job (type, run_at) SELECT 'mine', now() - interval '1 s'"
-            " FROM generate_series(1, 300)"
-        )
+        _add_ready(c, "other", 30_000, age="1 min")
+        _add_ready(c, "mine", 300)
         c.execute("VACUUM ANALYZE rota.job")
     yield db_url
 
