@@ -5,10 +5,12 @@
 -- One round trip for a whole batch. Ids are drawn up front so every input row
 -- can be matched to its result; a duplicate key (in the table, or earlier in
 -- the same batch) inserts nothing and reports the id that holds the key.
+-- The payloads travel in binary (%(payloads)b): as a text array every JSON
+-- document would be quoted and escaped, a third of the client's time.
 WITH input AS (
     SELECT t.ord, t.type, t.payload, t.key, t.run_at, t.delay, t.max_attempts, t.priority,
            t.timeout, nextval(pg_get_serial_sequence('rota.job', 'id')) AS new_id
-    FROM unnest(%(types)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
+    FROM unnest(%(types)s::text[], %(payloads)b::jsonb[], %(keys)s::text[],
                 %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
                 %(priorities)s::smallint[], %(timeouts)s::float8[])
          WITH ORDINALITY AS t(type, payload, key, run_at, delay, max_attempts, priority, timeout,

@@ -88,6 +88,20 @@ def test_one_job_makes_the_row_a_batch_makes(
         assert batch[0] == alone[0]  # the key already held
 
 
+def test_payloads_of_any_spelling_come_back_as_they_went(conn: psycopg.Connection[Any]) -> None:
+    payloads = [
+        {"q": 'say "hi"', "b": "back\\slash", "braces": "{a,b}", "comma": "x,y"},
+        ["\u00e9t\u00e9", "\u2603", "\U0001f600", "tab\there", "line\nbreak"],
+        'just text with a " quote',
+        12.5,
+        None,
+        {"nested": {"empty": {}, "list": [[], [None, True, False]]}},
+    ]
+    ids = rota.enqueue_many(conn, [rota.NewJob("t", p) for p in payloads])
+    got = {r["id"]: r["payload"] for r in rows(conn)}
+    assert [got[i] for i in ids] == [{} if p is None else p for p in payloads]  # None: {}
+
+
 def test_batch_of_thousands(conn: psycopg.Connection[Any]) -> None:
     ids = rota.enqueue_many(conn, [rota.NewJob("bulk", {"i": i}) for i in range(5000)])
     assert len(set(ids)) == 5000
