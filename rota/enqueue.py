@@ -61,8 +61,9 @@ def enqueue_many(
     payloads = [_checked(job, settings) for job in jobs]
     handlers = registered()
     if len(jobs) == 1:
-        return [_enqueue_one(conn_or_dsn, jobs[0], payloads[0], _priority(jobs[0], handlers),
-                             settings, now)]  # fmt: skip
+        job = jobs[0]
+        priority = _priority(job, handlers)
+        return [_enqueue_one(conn_or_dsn, job, payloads[0], priority, settings, now)]
     params = {
         "types": [job.type for job in jobs],
         "payloads": payloads,
