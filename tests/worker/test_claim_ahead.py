@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import UTC, datetime
-from typing import Any
-
-import psycopg
 
 import rota
 from rota.claim import Attempt
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome, Status
+from rota.lookup import get_job
 from rota_worker.claiming import AHEAD_FAST_SECONDS, AHEAD_MAX_WAIT_SECONDS, ClaimLoop
 from rota_worker.execute import Execution, Stop
 from rota_worker.leases import LeaseKeeper
@@ -132,12 +130,6 @@ def test_at_shutdown_waiting_jobs_are_given_back_not_started() -> None:
     assert [a.outcome for a in released] == [Outcome.RELEASED]
 
 
-def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
-    found = conn.execute("SELECT * FROM rota.job WHERE id = %s", (job_id,)).fetchone()
-    assert found is not None
-    return dict(found)
-
-
 def test_a_worker_gives_back_a_job_claimed_ahead_of_a_slow_one(conn, db_url) -> None:
     gate = threading.Event()
     started: list[str] = []
@@ -156,19 +148,19 @@ def test_a_worker_gives_back_a_job_claimed_ahead_of_a_slow_one(conn, db_url) -> 
     thread.start()
     try:
         warm = rota.enqueue(conn, "t", {"name": "warm"})
-        wait_for(lambda: row(conn, warm)["status"] == "done", what="the first job")
+        wait_for(lambda: get_job(conn, warm).status == "done", what="the first job")
         assert worker.claims.claiming_ahead
         slow, queued = rota.enqueue_many(
             conn, [rota.NewJob("t", {"name": "slow"}), rota.NewJob("t", {"name": "queued"})]
         )
         # Both come in one claim; the second waits for the only slot, then goes back.
-        wait_for(lambda: row(conn, queued)["releases"] == 1, what="the waiting job to go back")
-        back = row(conn, queued)
-        assert (back["status"], back["attempts"], back["last_error"]) == ("ready", 0, None)
-        assert started == ["warm", "slow"] and row(conn, slow)["status"] == "running"
+        wait_for(lambda: get_job(conn, queued).releases == 1, what="the waiting job to go back")
+        back = get_job(conn, queued)
+        assert (back.status, back.attempts, back.last_error) == ("ready", 0, None)
+        assert started == ["warm", "slow"] and get_job(conn, slow).status == "running"
         gate.set()
-        wait_for(lambda: row(conn, queued)["status"] == "done", what="the job given back to run")
-        assert started == ["warm", "slow", "queued"] and row(conn, queued)["attempts"] == 1
+        wait_for(lambda: get_job(conn, queued).status == "done", what="the job given back to run")
+        assert started == ["warm", "slow", "queued"] and get_job(conn, queued).attempts == 1
     finally:
         gate.set()
         worker.stop()
