@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -165,13 +166,10 @@ class ClaimLoop:
     def _never_started(self, execution: Execution) -> None:
         job = execution.job
         if execution.stopped is None:
-            attempt = Attempt(job.id, job.attempts, Outcome.RELEASED, type=job.type)
+            attempt = Attempt(job.id, job.attempts, Outcome.RELEASED)
         else:
-            decided = stopped_outcome(execution, self.settings.backoff)
-            attempt = Attempt(
-                job.id, job.attempts, decided.outcome, decided.delay, decided.error, job.type
-            )
-        self.outcomes.add(attempt)
+            attempt = stopped_outcome(execution, self.settings.backoff)
+        self.outcomes.add(dataclasses.replace(attempt, type=job.type))
 
     # -- the loop ---------------------------------------------------------------
     async def run(self, link: Link, ahead: Link | None = None) -> None:
