@@ -60,28 +60,20 @@ def enqueue_many(
         return []
     payloads = [_checked(job, settings) for job in jobs]
     handlers = registered()
-    if len(jobs) == 1:
-        job = jobs[0]
-        priority = _priority(job, handlers)
-        return [_enqueue_one(conn_or_dsn, job, payloads[0], priority, settings, now)]
-    params = {
-        "types": [job.type for job in jobs],
-        "payloads": payloads,
-        "keys": [job.key for job in jobs],
-        "run_ats": [job.run_at for job in jobs],
-        "delays": [None if job.delay is None else float(job.delay) for job in jobs],
-        "max_attempts": [job.max_attempts for job in jobs],
-        "priorities": [_priority(job, handlers) for job in jobs],
-        "timeouts": [job.timeout for job in jobs],
-        "default_max_attempts": settings.default_max_attempts,
-        "now": now,
-    }
+    priorities = [_priority(job, handlers) for job in jobs]
     with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("enqueue_jobs"), params)
-        ids: list[int | None] = [row["id"] for row in rows]
+        if len(jobs) == 1:
+            # One job: a single-row INSERT, a third of the batch statement's time.
+            params = _one_params(jobs[0], payloads[0], priorities[0], settings, now)
+            rows = fetch_all(conn, sql.query("enqueue_job"), params)
+            ids: list[int | None] = [rows[0]["id"] if rows else None]
+        else:
+            params = _batch_params(jobs, payloads, priorities, settings, now)
+            ids = [row["id"] for row in fetch_all(conn, sql.query("enqueue_jobs"), params)]
         if None in ids:
             # A concurrent transaction inserted the key after our statement's
-            # snapshot was taken; a new statement sees its row.
+            # snapshot was taken (or, for one job, before it); a new statement
+            # sees its row.
             missing = [job.key for job, id_ in zip(jobs, ids, strict=True) if id_ is None]
             found = {
                 r["idempotency_key"]: r["id"]
@@ -96,15 +88,31 @@ def enqueue_many(
     return [int(id_) for id_ in ids if id_ is not None]
 
 
-def _enqueue_one(
-    conn_or_dsn: ConnOrDsn,
-    job: NewJob,
-    payload: Jsonb,
-    priority: int,
+def _batch_params(
+    jobs: Sequence[NewJob],
+    payloads: list[Jsonb],
+    priorities: list[int],
     settings: QueueSettings,
     now: datetime | None,
-) -> int:
-    params = {
+) -> dict[str, Any]:
+    return {
+        "types": [job.type for job in jobs],
+        "payloads": payloads,
+        "keys": [job.key for job in jobs],
+        "run_ats": [job.run_at for job in jobs],
+        "delays": [None if job.delay is None else float(job.delay) for job in jobs],
+        "max_attempts": [job.max_attempts for job in jobs],
+        "priorities": priorities,
+        "timeouts": [job.timeout for job in jobs],
+        "default_max_attempts": settings.default_max_attempts,
+        "now": now,
+    }
+
+
+def _one_params(
+    job: NewJob, payload: Jsonb, priority: int, settings: QueueSettings, now: datetime | None
+) -> dict[str, Any]:
+    return {
         "type": job.type,
         "payload": payload,
         "key": job.key,
@@ -116,13 +124,6 @@ def _enqueue_one(
         "default_max_attempts": settings.default_max_attempts,
         "now": now,
     }
-    with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("enqueue_job"), params)
-        if not rows:  # the key is taken: a new statement sees the row that holds it
-            rows = fetch_all(conn, sql.query("ids_for_keys"), {"keys": [job.key]})
-    if not rows:  # pragma: no cover - the key's holder rolled back between our two statements
-        raise InvalidInput("a job with that key was being inserted concurrently; enqueue again")
-    return int(rows[0]["id"])
 
 
 def _priority(job: NewJob, handlers: dict[str, Any]) -> int:
