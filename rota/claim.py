@@ -16,7 +16,7 @@ from typing import Any, LiteralString, cast
 
 from psycopg import Cursor
 from psycopg import sql as pgsql
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import tuple_row
 
 from rota import sql
 from rota.db import Conn, errors_wrapped, fetch_all
@@ -67,7 +67,7 @@ def claim(
     """Claim up to `limit` ready jobs (of `types`, or any) for `worker_id`."""
     if limit < 1:
         return []
-    with errors_wrapped(), conn.cursor(row_factory=tuple_row) as cur:
+    with errors_wrapped(), conn.cursor(row_factory=tuple_row, binary=True) as cur:
         cur.execute(_claim_query(types), _claim_params(worker_id, limit, lease_seconds, now))
         return _jobs(cur)
 
@@ -121,6 +121,9 @@ def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
     The claim returns a Job's columns in its field order, so each job is
     built positionally; any other shape is built by name.
     """
+    # The hot statements return their rows in binary: the server sends each value
+    # as stored instead of formatting it as text (timestamps above all), and
+    # psycopg reads it without parsing.
     names = [column.name for column in cur.description or ()]
     rows = cur.fetchall()
     if names == _JOB_FIELDS:
@@ -158,12 +161,12 @@ def write_and_claim(
     if not attempts:
         return {}, claim(conn, worker_id, limit, lease_seconds, types, now)
     with errors_wrapped(), conn.pipeline(), conn.transaction():
-        written = conn.cursor(row_factory=dict_row)
+        written = conn.cursor(row_factory=tuple_row, binary=True)
         written.execute(sql.query("write_outcomes"), _outcome_params(worker_id, attempts, now))
-        claimed = conn.cursor(row_factory=tuple_row)
+        claimed = conn.cursor(row_factory=tuple_row, binary=True)
         claimed.execute(_claim_query(types), _claim_params(worker_id, limit, lease_seconds, now))
     with errors_wrapped():
-        statuses = {(r["id"], r["attempts"]): Status(r["status"]) for r in written.fetchall()}
+        statuses = {(job_id, n): _STATUS[status] for job_id, n, status in written.fetchall()}
         jobs = _jobs(claimed)
     return statuses, jobs
 

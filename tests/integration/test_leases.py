@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from rota import claim as claims
 from rota.claim import Attempt
 from rota.control import retry_dead
 from rota.jobs import Outcome
+from rota.lookup import get_job
 from rota.reaper import Reaper, ReaperSettings
 from rota.status import queue_age
 
@@ -42,6 +44,23 @@ def test_claim_marks_running_with_a_lease_and_counts_the_attempt(
         at(31),
         at(1),
     )
+
+
+def test_a_claimed_job_reads_as_its_row(conn: psycopg.Connection[Any]) -> None:
+    # The claim's rows travel in binary; every field must read as the row does.
+    payload = {"order": 7, "note": "naïve ünïcode", "nested": [1.5, None, {"a": True}]}
+    job_id = rota.enqueue(
+        conn, "t", payload, key="k-1", max_attempts=3, priority=4, timeout=2.5, now=T0
+    )
+    conn.execute(
+        "UPDATE rota.job SET schedule_id = 9, slot = %s, last_error = 'before' WHERE id = %s",
+        (at(-60), job_id),
+    )
+    [claimed] = claims.claim(conn, "w1", 10, 30, now=at(1))
+    fields = [f.name for f in dataclasses.fields(claimed) if f.compare]
+    read = get_job(conn, job_id)
+    assert [getattr(claimed, f) for f in fields] == [getattr(read, f) for f in fields]
+    assert (claimed.payload, claimed.slot, claimed.timeout_seconds) == (payload, at(-60), 2.5)
 
 
 def test_claim_respects_run_at_types_and_limit(conn: psycopg.Connection[Any]) -> None:
