@@ -13,15 +13,21 @@ This module never decides anything from what it measures: it only reports.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from rota.db import Conn, connect, is_unavailable
 from rota.errors import RotaError
@@ -33,76 +39,115 @@ log = logging.getLogger(__name__)
 FINAL_OUTCOMES = frozenset({Outcome.DONE, Outcome.FAILED, Outcome.DEAD, Outcome.CANCELLED})
 """Outcomes that end a job's life: only these feed the attempts histogram."""
 
-_FINISHED = Counter(
-    "rota_jobs_finished",
-    "Jobs a worker let go of, by type and outcome (" + ", ".join(Outcome) + ").",
-    ["type", "outcome"],
-    registry=None,
-)
-_DURATION = Histogram(
-    "rota_job_duration_seconds",
-    "How long a handler ran, whatever its outcome, in seconds.",
-    ["type"],
-    buckets=(
-        0.005,
-        0.01,
-        0.025,
-        0.05,
-        0.1,
-        0.25,
-        0.5,
-        1,
-        2.5,
-        5,
-        10,
-        30,
-        60,
-        120,
-        300,
-        600,
-        1800,
-        3600,
-    ),
-    registry=None,
-)
-_ATTEMPTS = Histogram(
-    "rota_job_attempts",
-    "Attempts a job had used when it ended (done, failed or dead).",
-    buckets=(1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100),
-    registry=None,
-)
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+)  # fmt: skip
+"""Upper bounds of `rota_job_duration_seconds`, in seconds."""
 
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100)
+"""Upper bounds of `rota_job_attempts`."""
 
 _KNOWN_OUTCOMES = frozenset(Outcome)
-_finished_children: dict[tuple[str, str], Any] = {}
-_duration_children: dict[str, Any] = {}
-"""Labelled children by label values: `labels()` costs more than the count itself."""
+
+
+class _Buckets:
+    """One histogram series: a count per bucket (not cumulative) and the sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def cumulative(self, bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+        running = 0
+        out: list[tuple[str, float]] = []
+        for bound, count in zip((*map(floatToGoString, bounds), "+Inf"), self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class RunCounter:
+    """The worker's own measures: finished jobs by outcome, durations, attempts.
+
+    Counted a batch at a time under one lock: prometheus_client's metric objects
+    take a lock per value they change (the sum and a bucket of each histogram for
+    every job), which cost the worker more than the rest of a job's bookkeeping.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._created = time.time()
+        self._finished: dict[tuple[str, str], int] = {}
+        self._durations: dict[str, _Buckets] = {}
+        self._attempts = _Buckets(ATTEMPT_BUCKETS)
+
+    def record(self, runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
+        """Count a batch of handler runs, each (type, outcome, duration seconds, attempts)."""
+        batch = list(runs)
+        for _, outcome, _, _ in batch:
+            if outcome not in _KNOWN_OUTCOMES:
+                raise ValueError(
+                    f"unknown outcome {outcome!r}; expected one of {', '.join(Outcome)}"
+                )
+        with self._lock:
+            finished, durations, attempts = self._finished, self._durations, self._attempts
+            for job_type, outcome, duration_seconds, tries in batch:
+                key = (job_type, str(outcome))
+                finished[key] = finished.get(key, 0) + 1
+                series = durations.get(job_type)
+                if series is None:
+                    series = durations[job_type] = _Buckets(DURATION_BUCKETS)
+                seconds = max(0.0, duration_seconds)
+                series.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+                series.total += seconds
+                if outcome in FINAL_OUTCOMES:
+                    attempts.counts[bisect.bisect_left(ATTEMPT_BUCKETS, tries)] += 1
+                    attempts.total += tries
+
+    def describe(self) -> list[Metric]:
+        return self._families()
+
+    def collect(self) -> list[Metric]:
+        with self._lock:
+            return self._families()
+
+    def _families(self) -> list[Metric]:
+        created = self._created
+        finished = CounterMetricFamily(
+            "rota_jobs_finished",
+            "Jobs a worker let go of, by type and outcome (" + ", ".join(Outcome) + ").",
+            labels=["type", "outcome"],
+        )
+        for (job_type, outcome), count in sorted(self._finished.items()):
+            finished.add_metric([job_type, outcome], count, created=created)
+        duration = HistogramMetricFamily(
+            "rota_job_duration_seconds",
+            "How long a handler ran, whatever its outcome, in seconds.",
+            labels=["type"],
+        )
+        for job_type, series in sorted(self._durations.items()):
+            duration.add_metric([job_type], series.cumulative(DURATION_BUCKETS), series.total)
+        attempts = HistogramMetricFamily(
+            "rota_job_attempts", "Attempts a job had used when it ended (done, failed or dead)."
+        )
+        attempts.add_metric([], self._attempts.cumulative(ATTEMPT_BUCKETS), self._attempts.total)
+        return [finished, duration, attempts]
+
+
+RUNS = RunCounter()
+"""This process's counts, served by every registry `build_registry` makes."""
 
 
 def record_outcome(job_type: str, outcome: Outcome, duration_seconds: float, attempts: int) -> None:
     """Count one handler run that ended with `outcome`; called by the worker."""
-    record_outcomes([(job_type, outcome, duration_seconds, attempts)])
+    RUNS.record([(job_type, outcome, duration_seconds, attempts)])
 
 
 def record_outcomes(runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
     """Count a batch of handler runs, each (type, outcome, duration seconds, attempts)."""
-    finished: dict[tuple[str, str], int] = {}
-    for job_type, outcome, duration_seconds, attempts in runs:
-        if outcome not in _KNOWN_OUTCOMES:
-            raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(Outcome)}")
-        key = (job_type, str(outcome))
-        finished[key] = finished.get(key, 0) + 1
-        duration = _duration_children.get(job_type)
-        if duration is None:
-            duration = _duration_children[job_type] = _DURATION.labels(type=job_type)
-        duration.observe(max(0.0, duration_seconds))
-        if outcome in FINAL_OUTCOMES:
-            _ATTEMPTS.observe(attempts)
-    for key, count in finished.items():
-        child = _finished_children.get(key)
-        if child is None:
-            child = _finished_children[key] = _FINISHED.labels(type=key[0], outcome=key[1])
-        child.inc(count)
+    RUNS.record(runs)
 
 
 # -- serving it to Prometheus --------------------------------------------------------
@@ -214,8 +259,7 @@ class DatabaseCollector:
 def metric_types() -> dict[str, str]:
     """Every metric `build_registry` serves, family name -> Prometheus type (for tests, docs)."""
     found = {family.name: family.type for family in _families(None)}
-    for metric in (_FINISHED, _DURATION, _ATTEMPTS):
-        found.update((family.name, family.type) for family in metric.describe())
+    found.update((family.name, family.type) for family in RUNS.describe())
     return found
 
 
@@ -223,6 +267,5 @@ def build_registry(dsn: str, *, cache_seconds: float = 5.0) -> CollectorRegistry
     """A registry with the database measures and this process's job counters."""
     registry = CollectorRegistry()
     registry.register(DatabaseCollector(dsn, cache_seconds=cache_seconds))
-    for metric in (_FINISHED, _DURATION, _ATTEMPTS):
-        registry.register(metric)
+    registry.register(RUNS)
     return registry
