@@ -146,18 +146,14 @@ async def run_attempt(
     except BaseException as exc:
         outcome = outcome_of_error(job, exc, backoff)
     else:
-        outcome = Attempt(job.id, job.attempts, Outcome.DONE)
+        # The common case, built once with its type and duration.
+        return Attempt(
+            job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, time.perf_counter() - started
+        )
     finally:
         execution.stop_clock()
-    duration = time.perf_counter() - started
-    return Attempt(
-        outcome.job_id,
-        outcome.attempts,
-        outcome.outcome,
-        outcome.delay,
-        outcome.error,
-        job.type,
-        duration,
+    return dataclasses.replace(
+        outcome, type=job.type, duration_seconds=time.perf_counter() - started
     )
 
 
