@@ -151,6 +151,26 @@ def test_outcomes(conn: psycopg.Connection[Any]) -> None:
     assert (released["attempts"], released["run_at"]) == (0, at(5))
 
 
+ODD_ERRORS = ["", "NULL", "a,b", 'say "hi"', "back\\slash", '\\"', "{x}", "two\nlines", "ünï", " "]
+
+
+def test_errors_and_delays_of_any_spelling_are_written_as_given(
+    conn: psycopg.Connection[Any],
+) -> None:
+    # The outcome statement's arrays are written as array literals by rota.claim.
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in ODD_ERRORS], now=T0)
+    claims.claim(conn, "w", 100, 30, now=at(0))
+    delays = [0.25 * i + 1e-05 for i in range(len(ids))]
+    batch = [
+        Attempt(job_id, 1, Outcome.RETRY, delay, error)
+        for job_id, delay, error in zip(ids, delays, ODD_ERRORS, strict=True)
+    ]
+    claims.write_and_claim(conn, "w", batch, 1, 30, now=at(5))
+    for job_id, delay, error in zip(ids, delays, ODD_ERRORS, strict=True):
+        r = row(conn, job_id)
+        assert (r["last_error"], r["run_at"]) == (error, at(5 + delay))
+
+
 def test_a_late_finisher_whose_lease_was_taken_changes_nothing(
     conn: psycopg.Connection[Any],
 ) -> None:
