@@ -20,7 +20,7 @@ from psycopg.rows import tuple_row
 
 from rota import sql
 from rota.db import Conn, errors_wrapped, fetch_all
-from rota.jobs import Job, Outcome, Status
+from rota.jobs import Job, Outcome, Status, StopSignal
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,6 +113,25 @@ def _claim_params(
 _JOB_FIELDS = [f.name for f in dataclasses.fields(Job) if f.init and f.name != "cancelled"]
 _STATUS = {status.value: status for status in Status}
 _STATUS_AT = _JOB_FIELDS.index("status")
+_SETTERS = [getattr(Job, name).__set__ for name in _JOB_FIELDS]
+_SET_STATUS = _SETTERS[_STATUS_AT]
+_SET_CANCELLED = vars(Job)["cancelled"].__set__
+
+
+def _job(row: tuple[Any, ...]) -> Job:
+    """`Job(*row)` for a row of every column in field order, for about half the cost.
+
+    Job is frozen: its __init__ sets each of its 21 fields through a call of
+    object.__setattr__ (5 us a job here). Each value goes straight into its
+    slot instead (under 3 us); the fields and their values are the same
+    (tests/integration/test_leases.py compares a claimed job with its row).
+    """
+    job: Job = object.__new__(Job)
+    for put, value in zip(_SETTERS, row, strict=True):
+        put(job, value)
+    _SET_STATUS(job, _STATUS[row[_STATUS_AT]])
+    _SET_CANCELLED(job, StopSignal())
+    return job
 
 
 def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
@@ -127,11 +146,7 @@ def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
     names = [column.name for column in cur.description or ()]
     rows = cur.fetchall()
     if names == _JOB_FIELDS:
-        jobs = []
-        for row in rows:
-            values = list(row)
-            values[_STATUS_AT] = _STATUS[values[_STATUS_AT]]
-            jobs.append(Job(*values))
+        jobs = [_job(row) for row in rows]
     else:
         jobs = [Job.from_row(dict(zip(names, row, strict=True))) for row in rows]
     jobs.sort(key=_start_order)
