@@ -35,12 +35,22 @@ class JobNotFound(RotaError, LookupError):
     """No job has that id."""
 
 
+MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+"""The longest delay of a job (enqueued or retried): ten years. Later times
+could not be read back into Python (datetime ends at the year 9999), and an
+infinite or NaN delay is refused by PostgreSQL itself."""
+
+
 class Retry(Exception):
     """Run the job again later, after `delay` seconds, counting this attempt."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        if delay is not None and delay < 0:
-            raise ValueError("Retry delay must not be negative")
+        # `not <=` refuses NaN too. Raised inside a handler, the ValueError is the
+        # job's error: an ordinary retry, after the usual backoff.
+        if delay is not None and not 0 <= delay <= MAX_DELAY_SECONDS:
+            raise ValueError(
+                f"Retry delay must be from 0 to {MAX_DELAY_SECONDS:.0f} seconds, not {delay!r}"
+            )
         self.delay = delay
         self.reason = reason
         super().__init__(reason or f"retry requested (delay={delay})")

@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from rota.errors import InvalidInput
+from rota.errors import MAX_DELAY_SECONDS, InvalidInput
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 """Largest JSON payload accepted by default, in bytes. Jobs carry references,
@@ -49,6 +49,10 @@ def delay_seconds(value: Any, what: str = "delay") -> float:
     seconds = _number(value, what)
     if seconds < 0:
         raise InvalidInput(f"{what} must not be negative: {value!r}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidInput(
+            f"{what} must be at most {MAX_DELAY_SECONDS:.0f} seconds (ten years), not {value!r}"
+        )
     return seconds
 
 

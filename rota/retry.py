@@ -35,9 +35,14 @@ def backoff_seconds(
 
 
 def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``Type: message`` then the innermost frames of the traceback, trimmed to `limit`."""
-    head = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    """``Type: message`` then the innermost frames of the traceback, trimmed to `limit`.
+
+    A NUL character, which PostgreSQL cannot store in text (the outcome would
+    never be written), is shown as the four characters ``\\x00``.
+    """
+    head = _storable(f"{type(exc).__name__}: {exc}".rstrip(": "))
     frames = "".join(traceback.format_tb(exc.__traceback__)) if exc.__traceback__ else ""
+    frames = _storable(frames)
     if not frames:
         return head[:limit]
     text = f"{head}\n{frames}"
@@ -46,3 +51,7 @@ def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     # Keep the head and the innermost frames, where the error was raised.
     tail_room = max(limit - len(head) - 6, 0)
     return f"{head}\n...\n{frames[-tail_room:]}"[:limit]
+
+
+def _storable(text: str) -> str:
+    return text.replace("\x00", "\\x00")

@@ -127,6 +127,7 @@ def test_max_attempts_per_job(conn: psycopg.Connection[Any]) -> None:
     ("kwargs", "message"),
     [
         ({"delay": -1}, "negative"),
+        ({"delay": 1e12}, "at most"),
         ({"max_attempts": 0}, "at least 1"),
         ({"run_at": datetime(2030, 1, 1)}, "time zone"),
         ({"key": ""}, "empty"),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from rota.errors import Permanent, Retry
+from rota.errors import MAX_DELAY_SECONDS, Permanent, Retry
 from rota.jobs import Job, Outcome, Status
 from rota.retry import backoff_seconds, describe_error
 from rota.settings import BackoffSettings
@@ -59,6 +60,19 @@ def test_error_description_keeps_type_message_and_innermost_frames() -> None:
     assert text.startswith("KeyError: 'missing-field'")
     assert len(text) <= 2000
     assert 'raise KeyError("missing-field")' in text  # the innermost frame survives trimming
+
+
+@pytest.mark.parametrize("delay", [-1, math.nan, math.inf, MAX_DELAY_SECONDS + 1])
+def test_a_retry_delay_the_database_could_not_store_is_refused(delay: float) -> None:
+    with pytest.raises(ValueError, match="Retry delay must be from 0 to"):
+        Retry(delay=delay)
+    assert Retry(delay=MAX_DELAY_SECONDS).delay == MAX_DELAY_SECONDS
+
+
+def test_error_description_shows_a_nul_it_could_not_store() -> None:
+    text = describe_error(_raise(ValueError("bad\x00byte")))
+    assert "\x00" not in text
+    assert text.startswith("ValueError: bad\\x00byte")
 
 
 def _job(attempts: int = 1) -> Job:

@@ -5,6 +5,7 @@ attempt of it still runs."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -153,6 +154,44 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
     finally:
         release[1].set()
         release[2].set()
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_outcomes_postgresql_would_refuse_are_written_and_the_worker_goes_on(conn, db_url) -> None:
+    # PostgreSQL stores no NUL in text and no infinite interval: written as they
+    # were, these outcomes failed and took the worker's claim loop down with them.
+    async def nul(job: Job) -> None:
+        raise ValueError("bad\x00byte")
+
+    async def forever(job: Job) -> None:
+        raise rota.Retry(delay=math.inf)
+
+    async def noop(job: Job) -> None:
+        return None
+
+    handlers = {
+        "nul": Handler("nul", nul, is_async=True, wants_context=False),
+        "forever": Handler("forever", forever, is_async=True, wants_context=False),
+        "noop": Handler("noop", noop, is_async=True, wants_context=False),
+    }
+    settings = WorkerSettings(
+        concurrency=2, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
+    )
+    worker = Worker(db_url, settings, handlers=handlers)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    bad = rota.enqueue(conn, "nul", max_attempts=1)
+    never = rota.enqueue(conn, "forever", max_attempts=1)
+    thread.start()
+    try:
+        dead = "SELECT count(*) AS n FROM rota.job WHERE status = 'dead'"
+        wait_for(lambda: conn.execute(dead).fetchone()["n"] == 2, what="both jobs to be dead")
+        assert row(conn, bad)["last_error"].startswith("ValueError: bad\\x00byte")
+        assert row(conn, never)["last_error"].startswith("ValueError: Retry delay must be")
+        good = rota.enqueue(conn, "noop")
+        wait_for(lambda: row(conn, good)["status"] == "done", what="the next job to be done")
+    finally:
         worker.stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
