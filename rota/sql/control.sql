@@ -26,7 +26,9 @@ SELECT id FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 -- name: cancel_jobs
 -- A ready job ends cancelled at once; a running one gets a cancel request that
 -- its worker reads from its next heartbeat. The rows are locked first (not
--- skipped), so a job being claimed right now is seen as the claim left it.
+-- skipped), so a job being claimed right now is seen as the claim left it, and
+-- in id order, the order of every statement that waits for the locks of
+-- running rows (a worker's outcomes and heartbeats), so none of them deadlock.
 WITH target AS (
     SELECT id, status
     FROM rota.job
@@ -34,6 +36,7 @@ WITH target AS (
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(status)s::text IS NULL OR status = %(status)s::text)
+    ORDER BY id
     FOR UPDATE
 ),
 ended AS (

@@ -19,6 +19,7 @@ from rota.jobs import Outcome
 from rota.lookup import get_job
 from rota.reaper import Reaper, ReaperSettings
 from rota.status import queue_age
+from tests.acceptance.procs import wait_for
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -104,6 +105,57 @@ def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
     everything = [i for ids in claimed for i in ids]
     assert len(everything) == 2000 == len(set(everything))
     assert sum(1 for ids in claimed if ids) > 1
+
+
+def test_a_heartbeat_and_an_outcome_batch_of_the_same_rows_never_deadlock(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # Each statement locks its rows one after the other. A third transaction
+    # holds the middle row until both wait for it; given in opposite orders and
+    # locked as given, the two would then each hold a row the other needs.
+    a, b, c = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
+    claims.claim(conn, "w", 3, 30)
+    # A table of some size, so that both statements reach their rows by key, in
+    # the order of their arrays, as they do in production (on three rows they
+    # scan the table and lock in its order).
+    conn.execute(
+        "INSERT INTO rota.job (type, status, finished_at)"
+        " SELECT 'filler', 'done', now() FROM generate_series(1, 20000)"
+    )
+    conn.execute("ANALYZE rota.job")
+    failures: list[BaseException] = []
+
+    def run(call: Any) -> None:
+        try:
+            with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as own:  # type: ignore[arg-type]
+                call(own)
+        except BaseException as exc:
+            failures.append(exc)
+
+    def waiting_for_a_lock() -> int:
+        return conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()["n"]  # type: ignore[index]
+
+    heartbeat = threading.Thread(
+        target=run, args=(lambda own: claims.extend_leases(own, "w", [(a, 1), (b, 1), (c, 1)], 30),)
+    )
+    batch = [Attempt(job_id, 1, Outcome.DONE) for job_id in (c, b, a)]
+    outcomes = threading.Thread(
+        target=run, args=(lambda own: claims.write_outcomes(own, "w", batch),)
+    )
+    with psycopg.connect(db_url) as blocker:
+        blocker.execute("SELECT 1 FROM rota.job WHERE id = %s FOR UPDATE", (b,))
+        heartbeat.start()
+        wait_for(lambda: waiting_for_a_lock() == 1, what="the heartbeat to wait")
+        outcomes.start()
+        wait_for(lambda: waiting_for_a_lock() == 2, what="the outcomes to wait")
+        blocker.commit()
+    heartbeat.join(30)
+    outcomes.join(30)
+    assert failures == []
+    assert [row(conn, job_id)["status"] for job_id in (a, b, c)] == ["done"] * 3
 
 
 def test_heartbeat_extends_only_leases_still_held(conn: psycopg.Connection[Any]) -> None:
