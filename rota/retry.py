@@ -40,7 +40,11 @@ def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     A NUL character, which PostgreSQL cannot store in text (the outcome would
     never be written), is shown as the four characters ``\\x00``.
     """
-    head = _storable(f"{type(exc).__name__}: {exc}".rstrip(": "))
+    try:
+        message = str(exc)
+    except Exception:  # a handler's exception whose __str__ itself fails
+        message = "<its message could not be read>"
+    head = _storable(f"{type(exc).__name__}: {message}".rstrip(": "))
     frames = "".join(traceback.format_tb(exc.__traceback__)) if exc.__traceback__ else ""
     frames = _storable(frames)
     if not frames:

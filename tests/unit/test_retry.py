@@ -75,6 +75,16 @@ def test_error_description_shows_a_nul_it_could_not_store() -> None:
     assert text.startswith("ValueError: bad\\x00byte")
 
 
+def test_error_description_of_an_exception_whose_message_fails() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert describe_error(_raise(Unprintable())).startswith(
+        "Unprintable: <its message could not be read>"
+    )
+
+
 def _job(attempts: int = 1) -> Job:
     from datetime import UTC, datetime
 

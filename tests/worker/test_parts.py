@@ -159,14 +159,23 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
     assert not thread.is_alive()
 
 
-def test_outcomes_postgresql_would_refuse_are_written_and_the_worker_goes_on(conn, db_url) -> None:
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+def test_awkward_handler_errors_end_their_jobs_and_the_worker_goes_on(conn, db_url) -> None:
     # PostgreSQL stores no NUL in text and no infinite interval: written as they
     # were, these outcomes failed and took the worker's claim loop down with them.
+    # An exception whose message cannot be read left its job running for ever.
     async def nul(job: Job) -> None:
         raise ValueError("bad\x00byte")
 
     async def forever(job: Job) -> None:
         raise rota.Retry(delay=math.inf)
+
+    async def unprintable(job: Job) -> None:
+        raise Unprintable()
 
     async def noop(job: Job) -> None:
         return None
@@ -174,6 +183,7 @@ def test_outcomes_postgresql_would_refuse_are_written_and_the_worker_goes_on(con
     handlers = {
         "nul": Handler("nul", nul, is_async=True, wants_context=False),
         "forever": Handler("forever", forever, is_async=True, wants_context=False),
+        "unprintable": Handler("unprintable", unprintable, is_async=True, wants_context=False),
         "noop": Handler("noop", noop, is_async=True, wants_context=False),
     }
     settings = WorkerSettings(
@@ -183,12 +193,14 @@ def test_outcomes_postgresql_would_refuse_are_written_and_the_worker_goes_on(con
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     bad = rota.enqueue(conn, "nul", max_attempts=1)
     never = rota.enqueue(conn, "forever", max_attempts=1)
+    mute = rota.enqueue(conn, "unprintable", max_attempts=1)
     thread.start()
     try:
         dead = "SELECT count(*) AS n FROM rota.job WHERE status = 'dead'"
-        wait_for(lambda: conn.execute(dead).fetchone()["n"] == 2, what="both jobs to be dead")
+        wait_for(lambda: conn.execute(dead).fetchone()["n"] == 3, what="the three to be dead")
         assert row(conn, bad)["last_error"].startswith("ValueError: bad\\x00byte")
         assert row(conn, never)["last_error"].startswith("ValueError: Retry delay must be")
+        assert row(conn, mute)["last_error"].startswith("Unprintable: <its message could not")
         good = rota.enqueue(conn, "noop")
         wait_for(lambda: row(conn, good)["status"] == "done", what="the next job to be done")
     finally:
