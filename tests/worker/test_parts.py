@@ -70,6 +70,35 @@ def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_u
     assert row(conn, ids[2])["locked_by"] == "thief"
 
 
+def test_an_outcome_the_database_refuses_holds_back_no_other(conn, db_url, io) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
+    claims.claim(conn, "w", 10, 30)
+    settled: list[Attempt] = []
+    buffer = OutcomeBuffer("w", batch_size=10, settled=settled.append)
+    for job_id in ids:
+        # Built by hand: describe_error would have shown the NUL as \x00.
+        error = "bad\x00byte" if job_id == ids[1] else "boom"
+        buffer.add(Attempt(job_id, 1, Outcome.RETRY, delay=60, error=error, type="t"))
+
+    async def write_all() -> None:
+        link = Link(db_url, "flush", io)
+        writer = asyncio.create_task(buffer.run(link))
+        try:
+            while buffer.unsettled:
+                assert not writer.done()
+                await asyncio.sleep(0.01)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            link.close()
+
+    asyncio.run(asyncio.wait_for(write_all(), 30))
+    assert sorted(a.job_id for a in settled) == sorted(ids)
+    assert buffer.written == 4
+    statuses = [row(conn, i)["status"] for i in ids]
+    assert statuses == ["ready", "running", "ready", "ready"]  # the refused one: nothing written
+
+
 def test_the_keeper_extends_held_leases_and_stops_lost_and_cancelled_ones(conn, db_url, io) -> None:
     ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
     jobs = claims.claim(conn, "w", 10, 30)
@@ -203,6 +232,44 @@ def test_awkward_handler_errors_end_their_jobs_and_the_worker_goes_on(conn, db_u
         assert row(conn, mute)["last_error"].startswith("Unprintable: <its message could not")
         good = rota.enqueue(conn, "noop")
         wait_for(lambda: row(conn, good)["status"] == "done", what="the next job to be done")
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_a_claim_whose_outcomes_are_refused_goes_on_without_them(conn, db_url, monkeypatch) -> None:
+    # An outcome the database cannot take, as a NUL in an error was before
+    # describe_error showed it as \x00: the claim carrying it fails, the buffer
+    # writes the batch one at a time, and the worker goes on.
+    import rota_worker.execute
+
+    monkeypatch.setattr(rota_worker.execute, "describe_error", lambda exc: f"raw: {exc}")
+
+    async def nul(job: Job) -> None:
+        raise ValueError("bad\x00byte")
+
+    async def noop(job: Job) -> None:
+        return None
+
+    handlers = {
+        "nul": Handler("nul", nul, is_async=True, wants_context=False),
+        "noop": Handler("noop", noop, is_async=True, wants_context=False),
+    }
+    settings = WorkerSettings(
+        concurrency=4, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
+    )
+    worker = Worker(db_url, settings, handlers=handlers)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    rota.enqueue_many(conn, [rota.NewJob("nul"), *[rota.NewJob("noop") for _ in range(20)]])
+    done = "SELECT count(*) AS n FROM rota.job WHERE type = 'noop' AND status = 'done'"
+    thread.start()
+    try:
+        wait_for(lambda: conn.execute(done).fetchone()["n"] == 20, what="the others to be done")
+        wait_for(lambda: worker.outcomes.unsettled == 0, what="every outcome to be settled")
+        bad = conn.execute("SELECT status, last_error FROM rota.job WHERE type = 'nul'").fetchone()
+        assert bad == {"status": "running", "last_error": None}  # left to its lease
+        assert thread.is_alive()
     finally:
         worker.stop()
         thread.join(timeout=30)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from rota import claim as claims
 from rota.claim import Attempt
-from rota.errors import DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Job, Outcome
 from rota_worker.execute import Execution, Stop, stopped_outcome
 from rota_worker.leases import LeaseKeeper
@@ -229,6 +229,14 @@ class ClaimLoop:
                 delay = backoff.next()
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 await first(self._stopping, timeout=delay)
+                continue
+            except DatabaseError as exc:
+                if not batch:  # the claim alone was refused: nothing to save
+                    raise
+                # Perhaps one outcome the database cannot take: the buffer writes
+                # them one at a time, and this lane claims without them.
+                self.outcomes.refused(batch, exc)
+                self.outcomes.carry(False)
                 continue
             except BaseException:
                 self.outcomes.give_back(batch)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from rota import claim as claims
 from rota.claim import Attempt
-from rota.errors import DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Outcome, Status
 from rota.metrics import record_outcomes
 from rota_worker.link import Backoff, Link
@@ -45,6 +45,9 @@ class OutcomeBuffer:
         self._settled = settled
         self._reconnect_max = reconnect_max_seconds
         self.pending: list[Attempt] = []
+        self._alone: list[Attempt] = []
+        """Outcomes of a batch the database refused: written one per statement, so
+        that one it cannot take holds back no other; never carried by a claim."""
         self._in_flight = 0
         self.wake = asyncio.Event()
         self._released = asyncio.Event()
@@ -56,7 +59,7 @@ class OutcomeBuffer:
     @property
     def unsettled(self) -> int:
         """Outcomes not accounted for yet: pending, or being written right now."""
-        return len(self.pending) + self._in_flight
+        return len(self.pending) + len(self._alone) + self._in_flight
 
     def add(self, attempt: Attempt) -> None:
         self.pending.append(attempt)
@@ -85,18 +88,34 @@ class OutcomeBuffer:
         if batch:
             self.wake.set()
 
+    def refused(self, batch: list[Attempt], exc: DatabaseError) -> None:
+        """A batch whose write the database refused (not an outage): nothing of it was
+        written; its outcomes are written again one at a time."""
+        log.warning(
+            "the database refused a batch of %d outcomes (%s); writing them one at a time",
+            len(batch),
+            exc,
+        )
+        self._in_flight -= len(batch)
+        self._alone.extend(batch)
+        if batch:
+            self.wake.set()
+
     async def run(self, link: Link) -> None:
         """Write what is pending whenever woken, unless the claim loop carries it."""
         backoff = Backoff(most=self._reconnect_max)
         while True:
             await self.wake.wait()
             self.wake.clear()
-            while self.pending:
-                if not self._released.is_set():
+            while self.pending or self._alone:
+                if not self._alone and not self._released.is_set():
                     await self._released.wait()
                     continue
                 try:
-                    await self.flush(link)
+                    if self._alone:
+                        await self._write_alone(link)
+                    else:
+                        await self.flush(link)
                 except DatabaseUnavailable as exc:
                     delay = backoff.next()
                     log.warning(
@@ -119,10 +138,44 @@ class OutcomeBuffer:
         batch = self.take()
         try:
             written = await link.run(claims.write_outcomes, self.worker_id, self.to_write(batch))
+        except DatabaseError as exc:
+            self.refused(batch, exc)
+            return
         except BaseException:
             self.give_back(batch)
             raise
         await self.settle(link, batch, written)
+
+    async def _write_alone(self, link: Link) -> None:
+        """Write the first refused outcome in a statement of its own. One the database
+        refuses again is given up: nothing is written, the lease is let go, and the
+        job runs again once it expires (the reaper counts the attempt)."""
+        attempt = self._alone.pop(0)
+        self._in_flight += 1
+        try:
+            written = await link.run(
+                claims.write_outcomes, self.worker_id, self.to_write([attempt])
+            )
+        except DatabaseError as exc:
+            self._in_flight -= 1
+            log.error(
+                "job %s (%s) attempt %d: the database refused its outcome (%s: %s);"
+                " nothing written, the job runs again when its lease expires",
+                attempt.job_id,
+                attempt.type,
+                attempt.attempts,
+                attempt.outcome,
+                exc,
+            )
+            self.written += 1
+            self._settled(attempt)
+            _count([attempt], [Outcome.LEASE_LOST])
+            return
+        except BaseException:
+            self._in_flight -= 1
+            self._alone.insert(0, attempt)
+            raise
+        await self.settle(link, [attempt], written)
 
     async def settle(
         self, link: Link, batch: list[Attempt], written: dict[tuple[int, int], Status]
