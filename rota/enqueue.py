@@ -137,6 +137,7 @@ def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
     """Validate one job before anything is written; return its payload for the driver."""
     if not isinstance(job.type, str) or not job.type.strip():
         raise InvalidInput("job type must be a non-empty string")
+    limits.text(job.type, "job type")
     if job.run_at is not None and job.delay is not None:
         raise InvalidInput("give run_at or delay, not both")
     if job.run_at is not None and job.run_at.tzinfo is None:
@@ -151,5 +152,7 @@ def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
         limits.timeout_seconds(job.timeout)
     if job.key is not None and not job.key:
         raise InvalidInput("an idempotency key must not be empty")
+    if job.key is not None:
+        limits.text(job.key, "an idempotency key")
     encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
     return Jsonb(job.payload, dumps=lambda _: encoded)

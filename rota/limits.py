@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from rota.errors import MAX_DELAY_SECONDS, InvalidInput
@@ -66,14 +67,29 @@ def priority(value: Any, what: str = "priority") -> int:
     return value
 
 
+def text(value: str, what: str) -> str:
+    """A string PostgreSQL can store: refused when it holds a NUL character."""
+    if "\x00" in value:
+        raise InvalidInput(f"{what} must not contain a NUL character (PostgreSQL cannot store it)")
+    return value
+
+
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""A NUL in encoded JSON: \\u0000 after an even number of backslashes (after an
+odd number, its backslash ends an escaped backslash: the text \\\\u0000)."""
+
+
 def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
-    """The payload as compact JSON ({} for None), refused when too large."""
+    """The payload as compact JSON ({} for None), refused when too large or when
+    it holds a NUL character (jsonb cannot store one)."""
     try:
         encoded = json.dumps(
             {} if payload is None else payload, separators=(",", ":"), allow_nan=False
         )
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
+    if _ESCAPED_NUL.search(encoded):
+        raise InvalidInput("payload must not contain a NUL character (jsonb cannot store it)")
     size = len(encoded.encode())
     if size > max_bytes:
         raise InvalidInput(f"payload is {size} bytes, over the limit of {max_bytes} bytes")

@@ -49,6 +49,8 @@ def validate(spec: ScheduleSpec) -> None:
         raise InvalidInput("schedule name must be a non-empty string")
     if not isinstance(spec.job_type, str) or not spec.job_type.strip():
         raise InvalidInput("job type must be a non-empty string")
+    limits.text(spec.name, "schedule name")
+    limits.text(spec.job_type, "job type")
     cron.Schedule(spec.cron, spec.timezone)
     limits.encode_payload(spec.payload)
     if spec.concurrency_policy not in POLICIES:

@@ -39,6 +39,7 @@ def test_enqueue_prints_the_id_and_a_known_key_prints_the_same_id(
         (["enqueue", "t", "--payload", "{not json"], {}, "not valid JSON"),
         (["enqueue", "t", "--delay", "-5"], {}, "must not be negative"),
         (["enqueue", "t", "--delay", "1e12"], {}, "at most"),
+        (["enqueue", "t", "--payload", '{"a": "\\u0000"}'], {}, "NUL"),
         (["enqueue", "t", "--run-at", "yesterday"], {}, "ISO-8601"),
         (["enqueue", "t", "--max-attempts", "0"], {}, "at least 1"),
         (

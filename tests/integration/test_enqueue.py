@@ -12,6 +12,7 @@ import pytest
 import rota
 from rota import handlers
 from rota.errors import InvalidInput
+from rota.lookup import get_job
 from rota.settings import QueueSettings
 
 
@@ -131,6 +132,9 @@ def test_max_attempts_per_job(conn: psycopg.Connection[Any]) -> None:
         ({"max_attempts": 0}, "at least 1"),
         ({"run_at": datetime(2030, 1, 1)}, "time zone"),
         ({"key": ""}, "empty"),
+        ({"key": "a\x00b"}, "NUL"),
+        ({"payload": {"a": "\x00"}}, "NUL"),
+        ({"payload": {"\x00": 1}}, "NUL"),
         ({"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),
     ],
 )
@@ -140,6 +144,17 @@ def test_invalid_jobs_are_refused_and_nothing_is_written(
     with pytest.raises(InvalidInput, match=message):
         rota.enqueue_many(conn, [rota.NewJob("ok"), rota.NewJob("t", **kwargs)])
     assert rows(conn) == []
+
+
+def test_a_type_with_a_nul_is_refused_and_text_that_only_looks_like_one_is_kept(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(InvalidInput, match="NUL"):
+        rota.enqueue(conn, "t\x00")
+    assert rows(conn) == []
+    looks_like = {"a": "\\u0000", "b": "\\\\u0000"}  # a backslash, then u0000
+    job_id = rota.enqueue(conn, "t", looks_like)
+    assert get_job(conn, job_id).payload == looks_like
 
 
 def test_payload_size_limit(conn: psycopg.Connection[Any]) -> None:
