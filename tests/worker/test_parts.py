@@ -5,9 +5,10 @@ attempt of it still runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -188,6 +189,32 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
     assert not thread.is_alive()
 
 
+def _async_handlers(**funcs: Callable[[Job], Awaitable[None]]) -> dict[str, Handler]:
+    return {name: Handler(name, f, is_async=True, wants_context=False) for name, f in funcs.items()}
+
+
+@contextlib.contextmanager
+def _running(db_url: str, handlers: dict[str, Handler], concurrency: int) -> Iterator[Worker]:
+    """A worker of `handlers` in a thread of this process, stopped at the end."""
+    settings = WorkerSettings(
+        concurrency=concurrency, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
+    )
+    worker = Worker(db_url, settings, handlers=handlers)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        yield worker
+        assert thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+async def _noop(job: Job) -> None:
+    return None
+
+
 class Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no message")
@@ -206,25 +233,11 @@ def test_awkward_handler_errors_end_their_jobs_and_the_worker_goes_on(conn, db_u
     async def unprintable(job: Job) -> None:
         raise Unprintable()
 
-    async def noop(job: Job) -> None:
-        return None
-
-    handlers = {
-        "nul": Handler("nul", nul, is_async=True, wants_context=False),
-        "forever": Handler("forever", forever, is_async=True, wants_context=False),
-        "unprintable": Handler("unprintable", unprintable, is_async=True, wants_context=False),
-        "noop": Handler("noop", noop, is_async=True, wants_context=False),
-    }
-    settings = WorkerSettings(
-        concurrency=2, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
-    )
-    worker = Worker(db_url, settings, handlers=handlers)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    handlers = _async_handlers(nul=nul, forever=forever, unprintable=unprintable, noop=_noop)
     bad = rota.enqueue(conn, "nul", max_attempts=1)
     never = rota.enqueue(conn, "forever", max_attempts=1)
     mute = rota.enqueue(conn, "unprintable", max_attempts=1)
-    thread.start()
-    try:
+    with _running(db_url, handlers, concurrency=2):
         dead = "SELECT count(*) AS n FROM rota.job WHERE status = 'dead'"
         wait_for(lambda: conn.execute(dead).fetchone()["n"] == 3, what="the three to be dead")
         assert row(conn, bad)["last_error"].startswith("ValueError: bad\\x00byte")
@@ -232,10 +245,6 @@ def test_awkward_handler_errors_end_their_jobs_and_the_worker_goes_on(conn, db_u
         assert row(conn, mute)["last_error"].startswith("Unprintable: <its message could not")
         good = rota.enqueue(conn, "noop")
         wait_for(lambda: row(conn, good)["status"] == "done", what="the next job to be done")
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 def test_a_claim_whose_outcomes_are_refused_goes_on_without_them(conn, db_url, monkeypatch) -> None:
@@ -249,28 +258,10 @@ def test_a_claim_whose_outcomes_are_refused_goes_on_without_them(conn, db_url, m
     async def nul(job: Job) -> None:
         raise ValueError("bad\x00byte")
 
-    async def noop(job: Job) -> None:
-        return None
-
-    handlers = {
-        "nul": Handler("nul", nul, is_async=True, wants_context=False),
-        "noop": Handler("noop", noop, is_async=True, wants_context=False),
-    }
-    settings = WorkerSettings(
-        concurrency=4, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
-    )
-    worker = Worker(db_url, settings, handlers=handlers)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     rota.enqueue_many(conn, [rota.NewJob("nul"), *[rota.NewJob("noop") for _ in range(20)]])
     done = "SELECT count(*) AS n FROM rota.job WHERE type = 'noop' AND status = 'done'"
-    thread.start()
-    try:
+    with _running(db_url, _async_handlers(nul=nul, noop=_noop), concurrency=4) as worker:
         wait_for(lambda: conn.execute(done).fetchone()["n"] == 20, what="the others to be done")
         wait_for(lambda: worker.outcomes.unsettled == 0, what="every outcome to be settled")
         bad = conn.execute("SELECT status, last_error FROM rota.job WHERE type = 'nul'").fetchone()
         assert bad == {"status": "running", "last_error": None}  # left to its lease
-        assert thread.is_alive()
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
