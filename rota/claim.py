@@ -280,6 +280,12 @@ def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
     return bool(written)
 
 
+def running_of(conn: Conn, worker_id: str) -> list[tuple[int, int]]:
+    """(job id, attempt) of every row running under `worker_id`'s name."""
+    rows = fetch_all(conn, sql.query("running_of_worker"), {"worker": worker_id})
+    return [(row["id"], row["attempts"]) for row in rows]
+
+
 def states(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, object]]:
     """Current status, locked_by and attempts of some jobs (to explain a failed finish)."""
     rows = fetch_all(conn, sql.query("job_states"), {"ids": list(ids)})

@@ -180,6 +180,11 @@ counted AS (
 )
 SELECT id, attempts, status FROM written
 
+-- name: running_of_worker
+-- A worker's running rows: few (its slots and a batch claimed ahead), found
+-- among the running rows only (job_running_idx).
+SELECT id, attempts FROM rota.job WHERE status = 'running' AND locked_by = %(worker)s
+
 -- name: job_states
 SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 

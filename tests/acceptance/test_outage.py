@@ -66,14 +66,11 @@ def test_workers_survive_a_database_restart_and_count_no_attempt_for_it(
         expirations = conn.execute(
             "SELECT coalesce(sum(count), 0) FROM rota.lease_expiration"
         ).fetchone()
-    # The outage itself costs no attempt. A claim the database committed whose
-    # answer the broken connection lost leaves its jobs to their leases: each
-    # such job runs again once, as a lease expiration, and nothing else does.
-    # (That window is small: seen once, with the machine loaded.)
-    extra = sum((n - 1) * count for n, count in attempts)
-    assert all(n in (1, 2) for n, _ in attempts), attempts
-    assert extra == expirations[0]
-    assert extra <= 2 * 2 * 4  # at most a claim per lane: 2 workers, 2 lanes, 4 slots
+    # No attempt is counted for the outage, not even for the jobs of a claim the
+    # database committed just before the connection broke (seen once, the machine
+    # loaded): the worker gives those back when the database answers again.
+    assert attempts == [(1, 400)]
+    assert expirations == (0,)
     logs = "".join(w.output() for w in workers)
     assert "database" in logs  # the outage was noticed and reported
 

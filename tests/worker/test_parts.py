@@ -18,6 +18,7 @@ import pytest
 import rota
 from rota import claim as claims
 from rota.claim import Attempt
+from rota.errors import DatabaseUnavailable
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome
 from rota.reaper import Reaper
@@ -265,3 +266,29 @@ def test_a_claim_whose_outcomes_are_refused_goes_on_without_them(conn, db_url, m
         wait_for(lambda: worker.outcomes.unsettled == 0, what="every outcome to be settled")
         bad = conn.execute("SELECT status, last_error FROM rota.job WHERE type = 'nul'").fetchone()
         assert bad == {"status": "running", "last_error": None}  # left to its lease
+
+
+def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
+    conn, db_url, monkeypatch
+) -> None:
+    # The database committed the claim, then the connection broke before its
+    # answer arrived: the jobs run under this worker's name and nobody holds them.
+    # They are given back, attempt not counted, without waiting for their lease.
+    real = claims.write_and_claim
+    lost: list[int] = []
+
+    def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        written, jobs = real(*args, **kwargs)
+        if jobs and not lost:
+            lost.extend(job.id for job in jobs)
+            raise DatabaseUnavailable("database unavailable: the answer was lost")
+        return written, jobs
+
+    monkeypatch.setattr(claims, "write_and_claim", answer_lost)
+    ids = rota.enqueue_many(conn, [rota.NewJob("noop") for _ in range(6)])
+    with _running(db_url, _async_handlers(noop=_noop), concurrency=2):
+        every = "SELECT count(*) AS n FROM rota.job WHERE status = 'done'"
+        wait_for(lambda: conn.execute(every).fetchone()["n"] == 6, timeout=20, what="all done")
+    assert lost
+    done = [row(conn, i) for i in ids]
+    assert [(r["attempts"], r["releases"]) for r in done] == [(1, 0)] * 6  # a release resets

@@ -74,6 +74,10 @@ class ClaimLoop:
         """Set by the listener when a job that can run now was enqueued."""
         self.ready = False
         """The database answered the last claim."""
+        self._claim_lost = False
+        """A claim failed in flight: the database may have committed it, and its jobs
+        be running under this worker's name with nobody here holding them."""
+        self._recovering = False
         self.last_tick = time.monotonic()
         """When the loop last turned (for /healthz)."""
 
@@ -193,6 +197,17 @@ class ClaimLoop:
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             self.give_back_stale(self.last_tick)
+            if self._recovering:  # the other lane gives back the jobs of a lost claim
+                await self._park(s.poll_interval_seconds)
+                continue
+            if self._claim_lost:
+                try:
+                    await self._give_back_lost_claim(link)
+                except DatabaseUnavailable as exc:
+                    delay = backoff.next()
+                    log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                    await first(self._stopping, timeout=delay)
+                    continue
             if not lead and not (self.claiming_ahead and self._requested):
                 # The second lane claims only ahead of fast jobs, beside a claim in
                 # flight on the first (so an idle worker polls on one lane).
@@ -226,6 +241,7 @@ class ClaimLoop:
                 self.outcomes.give_back(batch)
                 self.outcomes.carry(False)
                 self.ready = False
+                self._claim_lost = True
                 delay = backoff.next()
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 await first(self._stopping, timeout=delay)
@@ -259,6 +275,35 @@ class ClaimLoop:
                     await first(self.jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
                 else:
                     await self._park(s.poll_interval_seconds)
+
+    async def _give_back_lost_claim(self, link: Link) -> None:
+        """Give back the jobs of a claim whose answer was lost: the rows running under
+        this worker's name that it does not hold. Their attempt is not counted, and
+        they wait for no lease to expire.
+
+        Claims stop meanwhile, and a claim in flight on the other lane is waited
+        for first: once answered, its jobs are held, never taken for lost ones."""
+        self._recovering = True
+        try:
+            while self._requested:
+                await asyncio.sleep(0.01)
+            running = await link.run(claims.running_of, self.settings.worker_id)
+            lost = [
+                Attempt(job_id, attempts, Outcome.RELEASED)
+                for job_id, attempts in running
+                if self.leases.get((job_id, attempts)) is None
+            ]
+            if lost:
+                written = await link.run(claims.write_outcomes, self.settings.worker_id, lost)
+                log.warning(
+                    "%d jobs of a claim whose answer was lost given back: %s",
+                    len(written),
+                    ", ".join(str(job_id) for job_id, _ in sorted(written)),
+                )
+            self._claim_lost = False
+        finally:
+            self._recovering = False
+            self.wake()
 
     def _under_cap(self) -> bool:
         return len(self.leases) < self._cap()
