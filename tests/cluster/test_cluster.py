@@ -508,9 +508,12 @@ def test_the_workerpool_scales_workers_from_zero_and_back(
     measure("idle_to_zero_seconds", time.monotonic() - started)
 
 
-def container_id(pod: dict[str, Any]) -> str:
-    (status,) = pod["status"]["containerStatuses"]
-    return str(status["containerID"]).removeprefix("containerd://")
+def container_id(pod: dict[str, Any]) -> str | None:
+    """The pod's container as containerd names it; None until the kubelet reports it
+    (a worker can claim jobs before its pod's status says it runs)."""
+    (status,) = pod["status"].get("containerStatuses") or [{}]
+    found = status.get("containerID")
+    return str(found).removeprefix("containerd://") if found else None
 
 
 def test_killing_the_operator_and_a_worker_mid_run_loses_no_job(
@@ -534,7 +537,11 @@ def test_killing_the_operator_and_a_worker_mid_run_loses_no_job(
         "-n", NS, "delete", "pod", operator["metadata"]["name"], "--grace-period=0", "--force"
     )
     # The worker process dies with SIGKILL: no chance to hand its jobs back.
-    pod = kube.get("pod", victim)
+    victim_container = wait_until(
+        "the victim's container id in its pod status",
+        lambda: container_id(kube.get("pod", victim)),
+        60,
+    )
     subprocess.run(
         [
             "ctr",
@@ -546,7 +553,7 @@ def test_killing_the_operator_and_a_worker_mid_run_loses_no_job(
             "kill",
             "-s",
             "SIGKILL",
-            container_id(pod),
+            victim_container,
         ],
         check=True,
     )
