@@ -150,9 +150,9 @@ def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
         limits.priority(job.priority)
     if job.timeout is not None:
         limits.timeout_seconds(job.timeout)
-    if job.key is not None and not job.key:
-        raise InvalidInput("an idempotency key must not be empty")
     if job.key is not None:
+        if not job.key:
+            raise InvalidInput("an idempotency key must not be empty")
         limits.text(job.key, "an idempotency key")
     encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
     return Jsonb(job.payload, dumps=lambda _: encoded)

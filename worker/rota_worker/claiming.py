@@ -204,9 +204,7 @@ class ClaimLoop:
                 try:
                     await self._give_back_lost_claim(link)
                 except DatabaseUnavailable as exc:
-                    delay = backoff.next()
-                    log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
-                    await first(self._stopping, timeout=delay)
+                    await self._wait_after(exc, backoff)
                     continue
             if not lead and not (self.claiming_ahead and self._requested):
                 # The second lane claims only ahead of fast jobs, beside a claim in
@@ -242,9 +240,7 @@ class ClaimLoop:
                 self.outcomes.carry(False)
                 self.ready = False
                 self._claim_lost = True
-                delay = backoff.next()
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
-                await first(self._stopping, timeout=delay)
+                await self._wait_after(exc, backoff)
                 continue
             except DatabaseError as exc:
                 if not batch:  # the claim alone was refused: nothing to save
@@ -275,6 +271,12 @@ class ClaimLoop:
                     await first(self.jobs_notified, self._stopping, timeout=s.poll_interval_seconds)
                 else:
                     await self._park(s.poll_interval_seconds)
+
+    async def _wait_after(self, exc: DatabaseUnavailable, backoff: Backoff) -> None:
+        """The database is away: wait the next backoff step (or until the worker stops)."""
+        delay = backoff.next()
+        log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+        await first(self._stopping, timeout=delay)
 
     async def _give_back_lost_claim(self, link: Link) -> None:
         """Give back the jobs of a claim whose answer was lost: the rows running under
