@@ -195,10 +195,16 @@ def _async_handlers(**funcs: Callable[[Job], Awaitable[None]]) -> dict[str, Hand
 
 
 @contextlib.contextmanager
-def _running(db_url: str, handlers: dict[str, Handler], concurrency: int) -> Iterator[Worker]:
-    """A worker of `handlers` in a thread of this process, stopped at the end."""
+def _running(
+    db_url: str, handlers: dict[str, Handler], concurrency: int, **settings_: Any
+) -> Iterator[Worker]:
+    """A worker of `handlers` in a thread of this process, stopped at the end (and
+    joined within 30 s)."""
     settings = WorkerSettings(
-        concurrency=concurrency, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2
+        concurrency=concurrency,
+        run_reaper=False,
+        run_scheduler=False,
+        **{"poll_interval_seconds": 0.2, **settings_},
     )
     worker = Worker(db_url, settings, handlers=handlers)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
@@ -292,3 +298,42 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
     assert lost
     done = [row(conn, i) for i in ids]
     assert [(r["attempts"], r["releases"]) for r in done] == [(1, 0)] * 6  # a release resets
+
+
+def test_an_idle_worker_claims_on_a_notify_and_stops_without_waiting_for_its_poll(
+    conn, db_url, monkeypatch
+) -> None:
+    # An idle worker's next claim waits for a NOTIFY in its I/O thread: a job
+    # enqueued meanwhile starts long before the poll interval (60 s), the waiting
+    # sends no claims (the second lane has no claim to go ahead of), and a stop
+    # wakes the waiting thread (the worker is joined within 30 s).
+    sent = {"claims": 0}
+
+    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            sent["claims"] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(claims, "claim", counted(claims.claim))
+    monkeypatch.setattr(claims, "write_and_claim", counted(claims.write_and_claim))
+    seen = "SELECT seen_at FROM rota.worker WHERE id = %s"
+    with _running(
+        db_url, _async_handlers(noop=_noop), concurrency=4, poll_interval_seconds=60,
+        lease_seconds=3,
+    ) as worker:  # fmt: skip
+        for _ in range(5):  # fast jobs: the worker claims ahead after the fourth
+            fast = rota.enqueue(conn, "noop")
+            wait_for(lambda j=fast: row(conn, j)["status"] == "done", 20, "a job to be done")
+        before = sent["claims"]
+        first_seen = wait_for(lambda: conn.execute(seen, (worker.worker_id,)).fetchone(), 20)
+        wait_for(
+            lambda: conn.execute(seen, (worker.worker_id,)).fetchone() != first_seen,
+            20,
+            "a heartbeat of the idle worker (every second)",
+        )
+        assert worker.claims.claiming_ahead
+        assert sent["claims"] - before <= 2
+        job_id = rota.enqueue(conn, "noop")
+        wait_for(lambda: row(conn, job_id)["status"] == "done", 20, "the next job to be done")

@@ -1,13 +1,13 @@
 """LISTEN for wake-ups: new jobs that can run now (channel rota_jobs).
 
 Runs in a thread of its own with a dedicated connection, and turns each
-notification into an asyncio event set on the worker's loop. Notifications are
-an optimisation only: the worker polls anyway, so a lost one delays, never loses.
+notification into a threading event set for the claim loop, whose idle claim
+waits for it in an I/O thread. Notifications are an optimisation only: the
+worker polls anyway, so a lost one delays, never loses.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 
@@ -17,10 +17,9 @@ log = logging.getLogger("rota.worker")
 
 
 class Listener(threading.Thread):
-    def __init__(self, dsn: str, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+    def __init__(self, dsn: str, wake: threading.Event) -> None:
         super().__init__(name="rota-listener", daemon=True)
         self.dsn = dsn
-        self.loop = loop
         self.wake = wake
         self._stop = threading.Event()
 
@@ -45,9 +44,9 @@ class Listener(threading.Thread):
         try:
             conn.execute(sql.query("listen_jobs"))
             # After (re)connecting, wake the claim loop: notifications may have been missed.
-            self.loop.call_soon_threadsafe(self.wake.set)
+            self.wake.set()
             while not self._stop.is_set():
                 for _ in conn.notifies(timeout=1.0):
-                    self.loop.call_soon_threadsafe(self.wake.set)
+                    self.wake.set()
         finally:
             conn.close()

@@ -104,6 +104,7 @@ class Worker:
     def _stop_now(self) -> None:
         self._stopping.set()
         self.claims.wake()
+        self.claims.jobs_notified.set()  # an idle claim waiting for a NOTIFY returns
 
     def run(self, install_signals: bool = True) -> None:
         asyncio.run(self.run_async(install_signals=install_signals))
@@ -116,7 +117,7 @@ class Worker:
         io = ThreadPoolExecutor(max_workers=5, thread_name_prefix="rota-io")
         names = ("claim", "claim-ahead", "flush", "heartbeat")
         links = {name: Link(self.dsn, name, io) for name in names}
-        listener = Listener(self.dsn, self._loop, self.claims.jobs_notified)
+        listener = Listener(self.dsn, self.claims.jobs_notified)
         listener.start()
         probes = self._serve_probes()
         services_stop = threading.Event()
