@@ -259,6 +259,7 @@ class ClaimLoop:
                 self.outcomes.carry(False)
                 self.ready = False
                 self._claim_lost = True
+                idle = False  # after a failed claim the next goes at once, notified or not
                 await self._wait_after(exc, backoff)
                 continue
             except DatabaseError as exc:
@@ -315,7 +316,8 @@ class ClaimLoop:
         they wait for no lease to expire.
 
         Claims stop meanwhile, and a claim in flight on the other lane is waited
-        for first: once answered, its jobs are held, never taken for lost ones."""
+        for first (an idle one returns at its NOTIFY or its poll interval): once
+        answered, its jobs are held, never taken for lost ones."""
         self._recovering = True
         try:
             while self._requested:
