@@ -242,6 +242,7 @@ class Soak:
             self.server.stop(action.removeprefix("restart-"))
             self.server.start()
             self.figures["restarts"] += 1
+            self.settle_after_restart()
         elif action == "kill-service":
             victim = self.rng.choice(self.fleet.alive("reaper") + self.fleet.alive("scheduler"))
             victim.kill()
@@ -265,6 +266,32 @@ class Soak:
             self.figures["cancel_requested_running"] += len(result.requested)
         else:  # pragma: no cover - a typo in a plan
             raise ValueError(action)
+
+    def settle_after_restart(self) -> None:
+        """Wait for the attempts that ran through a restart to end.
+
+        A handler whose connection the restart broke gives its job back without
+        trying its completion. Caught by the next action (a stop), such an attempt
+        would count as a late finisher that never tried to complete."""
+        through = self.query(
+            "SELECT id, locked_by, attempts FROM rota.job WHERE status = 'running'"
+        )
+
+        def ended() -> bool:
+            return not self.query(
+                "SELECT 1 FROM rota.job j JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
+                " AS r(id, worker, attempt) USING (id)"
+                " WHERE j.status = 'running' AND j.locked_by = r.worker AND j.attempts = r.attempt",
+                [r[0] for r in through],
+                [r[1] for r in through],
+                [r[2] for r in through],
+            )
+
+        wait_for(
+            ended,
+            timeout=self.plan.lease + 60,
+            what="the attempts running through the restart to end",
+        )
 
     def stop_past_lease(self, proc: Proc) -> bool:
         """SIGSTOP `proc` until all its leases are reaped, then let it finish late.

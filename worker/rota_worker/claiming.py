@@ -79,6 +79,7 @@ class ClaimLoop:
         self._lead_idle = False
         """The first lane's claim waits for a NOTIFY: no claim to go ahead of."""
         self._closed = False
+        """The lanes are done: an idle claim still waiting must not claim."""
         self.ready = False
         """The database answered the last claim."""
         self._claim_lost = False
@@ -203,8 +204,7 @@ class ClaimLoop:
     async def _claim_and_carry(self, link: Link, lead: bool) -> None:
         backoff = Backoff(most=self.settings.reconnect_max_seconds)
         s = self.settings
-        idle = False
-        """This lane's last claim found the queue empty."""
+        idle = False  # this lane's last claim found the queue empty
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             self.give_back_stale(self.last_tick)
