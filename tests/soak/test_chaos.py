@@ -24,7 +24,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,12 @@ def plan_from_env(rng: random.Random) -> Plan:
     )
 
 
+def _columns(attempts: Iterable[tuple[Any, ...]]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The job ids, workers and attempt numbers of `attempts`: three arrays to unnest."""
+    listed = list(attempts)
+    return [a[0] for a in listed], [a[1] for a in listed], [a[2] for a in listed]
+
+
 @pytest.fixture
 def server() -> Iterator[CrashSafePostgres]:
     """A server of the soak's own, restarted by the chaos loop."""
@@ -156,9 +162,7 @@ class Soak:
             self.scalar(
                 f"SELECT count(*) FROM {table} JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
                 " AS l(job_id, worker, attempt) USING (job_id, worker, attempt)",
-                [x[0] for x in attempts],
-                [x[1] for x in attempts],
-                [x[2] for x in attempts],
+                *_columns(attempts),
             )
         )
 
@@ -282,9 +286,7 @@ class Soak:
                 "SELECT 1 FROM rota.job j JOIN unnest(%s::bigint[], %s::text[], %s::int[])"
                 " AS r(id, worker, attempt) USING (id)"
                 " WHERE j.status = 'running' AND j.locked_by = r.worker AND j.attempts = r.attempt",
-                [r[0] for r in through],
-                [r[1] for r in through],
-                [r[2] for r in through],
+                *_columns(through),
             )
 
         wait_for(
@@ -321,9 +323,7 @@ class Soak:
             " AS h(id, worker, attempt) JOIN rota.job j USING (id)"
             " WHERE NOT (j.locked_by = h.worker AND j.attempts = h.attempt"
             "            AND j.status IN ('running', 'done'))",
-            [x[0] for x in seen],
-            [x[1] for x in seen],
-            [x[2] for x in seen],
+            *_columns(seen),
         )
         late = [(r[0], r[1], r[2]) for r in rows]
         self.late += late
