@@ -104,7 +104,7 @@ class Worker:
     def _stop_now(self) -> None:
         self._stopping.set()
         self.claims.wake()
-        self.claims.jobs_notified.set()  # an idle claim waiting for a NOTIFY returns
+        self.claims.end_idle_wait()
 
     def run(self, install_signals: bool = True) -> None:
         asyncio.run(self.run_async(install_signals=install_signals))
