@@ -520,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             results = measure(
                 lambda name: pg.create_database(f"{name}_{next(names)}"), plan, server, say
             )
+            round_trips = {idle: server.round_trip_ms(idle, 200) for idle in (0.0, plan.gap)}
         finally:
             server.close()
     load = os.getloadavg()
@@ -529,13 +530,20 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "postgres": version,
         "load_average_at_end": list(load),
+        # What waking an idle backend costs on this machine (see round_trip_ms).
+        "select_1_ms": {
+            "back_to_back": round_trips[0.0],
+            "after_latency_gap": round_trips[plan.gap],
+        },
         "seconds": round(time.perf_counter() - began),
     }
     print(
         f"\n{about['machine']}, {about['cores']} cores, Python {about['python']}, "
         f"PostgreSQL {version} (fsync and synchronous_commit on), "
         f"load average {' '.join(f'{x:.1f}' for x in load)} at the end, "
-        f"{plan.rounds} round(s) in {about['seconds']} s\n"
+        f"{plan.rounds} round(s) in {about['seconds']} s; a SELECT 1 took "
+        f"{round_trips[0.0]:.2f} ms back to back and {round_trips[plan.gap]:.2f} ms "
+        f"after {plan.gap * 1000:g} ms idle (the latency rounds' gap)\n"
     )
     print(table(results))
     if args.json:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,21 @@ class Server:
     def read(self) -> Reading:
         lsn = _one(self.conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         return Reading(server_cpu_seconds(self.postmaster), int(lsn))
+
+    def round_trip_ms(self, idle: float, count: int) -> float:
+        """Median milliseconds of a `SELECT 1`, each sent after `idle` seconds of quiet.
+
+        Back to back it is the protocol and the loopback; after a pause it also
+        holds what the machine takes to wake a sleeping backend and client, which
+        each hop of a job sent to an idle worker pays again.
+        """
+        times = []
+        for _ in range(count):
+            time.sleep(idle)
+            began = time.perf_counter()
+            self.conn.execute(b"SELECT 1")
+            times.append(time.perf_counter() - began)
+        return statistics.median(times) * 1000
 
     def version(self) -> str:
         return str(_one(self.conn, "SHOW server_version"))
