@@ -49,6 +49,9 @@ class Drain:
     wal_bytes: int | None = None
     commits: int | None = None
     """Commits in the drain's database, the counting connection's own left out."""
+    vacuum_cpu_seconds: float | None = None
+    """PostgreSQL's CPU for a VACUUM of the drained database, run after the drain."""
+    vacuum_wal_bytes: int | None = None
 
     @property
     def cpu_seconds_per_1000_jobs(self) -> float | None:
@@ -63,6 +66,16 @@ class Drain:
     @property
     def commits_per_job(self) -> float | None:
         return None if self.commits is None else self.commits / self.jobs
+
+    @property
+    def vacuum_cpu_seconds_per_1000_jobs(self) -> float | None:
+        if self.vacuum_cpu_seconds is None:
+            return None
+        return 1000 * self.vacuum_cpu_seconds / self.jobs
+
+    @property
+    def vacuum_wal_bytes_per_job(self) -> float | None:
+        return None if self.vacuum_wal_bytes is None else self.vacuum_wal_bytes / self.jobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +178,10 @@ def timed_drain(
     With `server`, also what the server spent: CPU and WAL from spawning the
     workers to the count that reads zero, commits from spawning until the
     workers' backends are gone (a backend's statistics are complete only once
-    it has exited); the counting connection's own commits are left out.
+    it has exited); the counting connection's own commits are left out. Then
+    a VACUUM of the database, its CPU and WAL measured on their own: the dead
+    rows a drain leaves are the queue's cost, and vacuumed here they are not
+    vacuumed later by autovacuum inside another queue's measurement.
     """
     database = dsn.rsplit("/", 1)[-1].split("?")[0]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -203,6 +219,10 @@ def timed_drain(
     if server is None or after is None:
         return Drain(jobs, len(processes), rate, now - spawned, settings)
     server.settled(database)
+    commits = server.commits(database) - commits_before - polls
+    vacuum_before = server.read()
+    vacuum(dsn)
+    vacuum_after = server.read()
     return Drain(
         jobs,
         len(processes),
@@ -211,8 +231,16 @@ def timed_drain(
         settings,
         server_cpu_seconds=after.cpu_seconds - before.cpu_seconds,
         wal_bytes=after.wal_lsn - before.wal_lsn,
-        commits=server.commits(database) - commits_before - polls,
+        commits=commits,
+        vacuum_cpu_seconds=vacuum_after.cpu_seconds - vacuum_before.cpu_seconds,
+        vacuum_wal_bytes=vacuum_after.wal_lsn - vacuum_before.wal_lsn,
     )
+
+
+def vacuum(dsn: str) -> None:
+    """VACUUM every table of a database, so autovacuum finds nothing left to do there."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(b"VACUUM")
 
 
 def _count(conn: psycopg.Connection, query: str) -> int:
@@ -220,9 +248,21 @@ def _count(conn: psycopg.Connection, query: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _settle(conn: psycopg.Connection) -> None:
-    """Same start for every queue: fresh statistics, no checkpoint pending mid-run."""
-    conn.execute(b"ANALYZE")
+def _settle(conn: psycopg.Connection, timeout: float = 120.0) -> None:
+    """Same start for every queue: its jobs vacuumed and analyzed, no autovacuum
+    running anywhere in the server (its CPU and WAL would count in this drain),
+    no checkpoint pending mid-run."""
+    conn.execute(b"VACUUM ANALYZE")
+    deadline = time.monotonic() + timeout
+    while _count(
+        conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+    ):
+        if time.monotonic() > deadline:
+            print(
+                f"autovacuum still running after {timeout:.0f}s; measuring anyway", file=sys.stderr
+            )
+            break
+        time.sleep(0.05)
     conn.execute(b"CHECKPOINT")
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import rota_bench
-from bench.measure import Drain, Latency
+from bench.measure import Drain, Latency, vacuum
 from bench.peers import Peer, PgQueuer, PgQueuerUvloop, Procrastinate, available
 from bench.server import Server
 
@@ -101,17 +101,15 @@ def measure(
     def add(queue: str, key: str, value: Any) -> None:
         results[queue].setdefault(key, []).append(value)
 
+    # Each enqueue's database is vacuumed after it, so that autovacuum, which
+    # also visits tables that were only inserted into, never does it during a
+    # drain (see timed_drain).
     say("rota: enqueue")
-    add(
-        "rota",
-        "single",
-        rota_bench.enqueue_single(rota_bench.fresh(new_database, "rota_single"), plan.single_jobs),
-    )
-    add(
-        "rota",
-        "batch",
-        rota_bench.enqueue_batches(rota_bench.fresh(new_database, "rota_batch"), plan.jobs),
-    )
+    single_dsn = rota_bench.fresh(new_database, "rota_single")
+    add("rota", "single", rota_bench.enqueue_single(single_dsn, plan.single_jobs))
+    batch_dsn = rota_bench.fresh(new_database, "rota_batch")
+    add("rota", "batch", rota_bench.enqueue_batches(batch_dsn, plan.jobs))
+    enqueued = [single_dsn, batch_dsn]
     for name in peers:
         say(f"{name}: enqueue")
         single = PEERS[name](new_database(f"{name}_single"))
@@ -120,6 +118,9 @@ def measure(
         batch = PEERS[name](new_database(f"{name}_batch"))
         asyncio.run(batch.install())
         add(name, "batch", batch.enqueue_rate(plan.jobs, one_by_one=False))
+        enqueued += [single.dsn, batch.dsn]
+    for dsn in enqueued:
+        vacuum(dsn)
 
     say(f"rota: {plan.done_rows:,} done rows")
     began = time.perf_counter()
@@ -242,6 +243,32 @@ METRICS = [
     ),
     Metric("wal1", "WAL bytes per job, 1 process", _field("drain1", "wal_bytes_per_job"), False),
     Metric("wal2", "WAL bytes per job, 2 processes", _field("drain2", "wal_bytes_per_job"), False),
+    Metric(
+        "vacuum_cpu1",
+        "  VACUUM after the drain: server CPU s per 1,000 jobs, 1 process",
+        _field("drain1", "vacuum_cpu_seconds_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric(
+        "vacuum_cpu2",
+        "  VACUUM after the drain: server CPU s per 1,000 jobs, 2 processes",
+        _field("drain2", "vacuum_cpu_seconds_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric(
+        "vacuum_wal1",
+        "  VACUUM after the drain: WAL bytes per job, 1 process",
+        _field("drain1", "vacuum_wal_bytes_per_job"),
+        False,
+    ),
+    Metric(
+        "vacuum_wal2",
+        "  VACUUM after the drain: WAL bytes per job, 2 processes",
+        _field("drain2", "vacuum_wal_bytes_per_job"),
+        False,
+    ),
     Metric("commits1", "commits per job, 1 process", _field("drain1", "commits_per_job"), False, 4),
     Metric(
         "commits2", "commits per job, 2 processes", _field("drain2", "commits_per_job"), False, 4
