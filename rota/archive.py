@@ -43,6 +43,10 @@ class ArchiveSettings:
     """How long failed, dead and cancelled rows stay, in seconds after they finished: long
     enough to read their errors and retry them."""
 
+    archive_retention_seconds: float | None = None
+    """How long an archived row stays in rota.job_archive, in seconds after it
+    was archived, before it is deleted; None keeps archived rows for good."""
+
     batch_size: int = 1000
     """Rows moved per statement: each batch is one short transaction."""
 
@@ -50,7 +54,10 @@ class ArchiveSettings:
     """Batches per run; what is left waits for the next run (every 5 minutes by default)."""
 
     def __post_init__(self) -> None:
-        if self.done_retention_seconds < 0 or self.failed_retention_seconds < 0:
+        retentions = [self.done_retention_seconds, self.failed_retention_seconds]
+        if self.archive_retention_seconds is not None:
+            retentions.append(self.archive_retention_seconds)
+        if any(r < 0 for r in retentions):
             raise InvalidInput("archive retentions must not be negative")
         if self.batch_size < 1 or self.max_batches < 1:
             raise InvalidInput("archive batch_size and max_batches must be at least 1")
@@ -75,6 +82,8 @@ class ArchiveResult:
     """Statements run."""
     capped: bool = False
     """True when max_batches stopped the run: rows may be left for the next run."""
+    deleted: int = 0
+    """Archived rows deleted after the archive retention."""
 
     @property
     def count(self) -> int:
@@ -90,31 +99,39 @@ class Archiver(Service):
         self.settings = settings or ArchiveSettings()
 
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> ArchiveResult:
-        """Move what is old enough, batch by batch, up to max_batches statements."""
+        """Move what is old enough, then delete archived rows past the archive
+        retention (if one is set), batch by batch, up to max_batches statements
+        in all."""
         s = self.settings
-        kinds = [
-            ([Status.DONE], s.done_retention_seconds),
-            ([Status.FAILED, Status.DEAD, Status.CANCELLED], s.failed_retention_seconds),
+        steps: list[tuple[str, dict[str, Any]]] = [
+            (
+                "archive_finished",
+                {"statuses": [Status.DONE], "retention": s.done_retention_seconds},
+            ),
+            (
+                "archive_finished",
+                {
+                    "statuses": [Status.FAILED, Status.DEAD, Status.CANCELLED],
+                    "retention": s.failed_retention_seconds,
+                },
+            ),
         ]
-        moved = [0, 0]
+        if s.archive_retention_seconds is not None:
+            steps.append(("delete_archived", {"retention": s.archive_retention_seconds}))
+        counts = [0, 0, 0]
         batches, capped = 0, False
         with connection(conn_or_dsn) as conn:
-            for kind, (statuses, retention) in enumerate(kinds):
-                while True:
+            for step, (query, params) in enumerate(steps):
+                while not capped:
                     if batches == s.max_batches:
                         capped = True
                         break
-                    params = {
-                        "now": now,
-                        "statuses": statuses,
-                        "retention": retention,
-                        "limit": s.batch_size,
-                    }
-                    count = int(fetch_all(conn, sql.query("archive_finished"), params)[0]["moved"])
-                    moved[kind], batches = moved[kind] + count, batches + 1
+                    values = {**params, "now": now, "limit": s.batch_size}
+                    count = int(fetch_all(conn, sql.query(query), values)[0]["moved"])
+                    counts[step], batches = counts[step] + count, batches + 1
                     if count < s.batch_size:
                         break
-        return ArchiveResult(moved[0], moved[1], batches, capped)
+        return ArchiveResult(counts[0], counts[1], batches, capped, deleted=counts[2])
 
 
 @handler(JOB_TYPE)
@@ -125,4 +142,9 @@ def archive_job(job: Job, ctx: Context) -> None:
     except (InvalidInput, TypeError) as exc:
         raise Permanent(f"bad archive settings: {exc}") from None
     result = Archiver(settings).run_once(ctx.dsn)
-    log.info("archived %d done and %d failed/dead jobs", result.done, result.failed)
+    log.info(
+        "archived %d done and %d failed/dead jobs; deleted %d archived jobs",
+        result.done,
+        result.failed,
+        result.deleted,
+    )

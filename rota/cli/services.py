@@ -39,6 +39,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--failed-older-than", help="retention of failed, dead and cancelled jobs (default 30d)"
     )
+    p.add_argument(
+        "--delete-archived-older-than",
+        metavar="DURATION",
+        help="also delete rows archived longer ago than this, e.g. 90d (default: keep them)",
+    )
     p.set_defaults(func=cmd_archive)
 
 
@@ -85,9 +90,18 @@ def cmd_archive(args: argparse.Namespace) -> int:
     failed = max(defaults.failed_retention_seconds, done)
     if args.failed_older_than is not None:
         failed = parse_duration(args.failed_older_than, "--failed-older-than")
-    settings = ArchiveSettings(done_retention_seconds=done, failed_retention_seconds=failed)
+    archived = None
+    if args.delete_archived_older_than is not None:
+        archived = parse_duration(args.delete_archived_older_than, "--delete-archived-older-than")
+    settings = ArchiveSettings(
+        done_retention_seconds=done,
+        failed_retention_seconds=failed,
+        archive_retention_seconds=archived,
+    )
     results = run_loop(Archiver(settings), database_url(), threading.Event(), once=True)
     moved = [r for r in results if isinstance(r, ArchiveResult)]
     total_done, total_failed = sum(r.done for r in moved), sum(r.failed for r in moved)
     print(f"archived {total_done} done and {total_failed} failed/dead jobs")
+    if archived is not None:
+        print(f"deleted {sum(r.deleted for r in moved)} archived jobs")
     return 0

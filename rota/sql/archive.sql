@@ -31,3 +31,20 @@ archived AS (
     RETURNING 1
 )
 SELECT count(*) AS moved FROM archived
+
+-- name: delete_archived
+-- Archived rows past the archive's own retention, oldest first (through
+-- job_archive_archived_idx), deleted in capped batches like the moves. The
+-- picked rows are reached by primary key from an array: a join may be planned
+-- as a hash join over a scan of the whole archive.
+WITH picked AS (
+    SELECT id FROM rota.job_archive
+    WHERE archived_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
+    ORDER BY archived_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM rota.job_archive AS a WHERE a.id = ANY(ARRAY(SELECT id FROM picked)) RETURNING 1
+)
+SELECT count(*) AS moved FROM deleted

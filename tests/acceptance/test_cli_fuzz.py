@@ -199,6 +199,7 @@ def test_enqueue_accepts_only_what_it_can_store(
         ["status", "--watch", "nan"],  # a traceback from time.sleep
         ["status", "--watch", "inf"],
         ["archive", "--older-than", "nan"],
+        ["archive", "--delete-archived-older-than", "nan"],
         ["demo", "--seconds", "x"],
     ],
 )

@@ -103,3 +103,13 @@ def test_archive_command(db_url: str, conn: Conn) -> None:
     assert moved.stdout == "archived 5 done and 0 failed/dead jobs\n"
     bad = rota(db_url, "archive", "--older-than", "soon")
     assert bad.returncode == 2 and "duration" in bad.stderr
+    conn.execute("UPDATE rota.job_archive SET archived_at = now() - interval '100 days'")
+    kept = rota(db_url, "archive", "--delete-archived-older-than", "120d")
+    assert kept.stdout == "archived 0 done and 0 failed/dead jobs\ndeleted 0 archived jobs\n"
+    deleted = rota(db_url, "archive", "--delete-archived-older-than", "90d")
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout == "archived 0 done and 0 failed/dead jobs\ndeleted 5 archived jobs\n"
+    bad = rota(db_url, "archive", "--delete-archived-older-than", "later")
+    assert bad.returncode == 2 and "--delete-archived-older-than" in bad.stderr
+    archived = conn.execute("SELECT count(*) AS n FROM rota.job_archive").fetchone()
+    assert archived is not None and archived["n"] == 0

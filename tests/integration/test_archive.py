@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import archive, handlers
+from rota import archive, handlers, sql
 from rota.archive import Archiver, ArchiveSettings
 from rota.enqueue import enqueue
 from rota.errors import InvalidInput, Permanent
@@ -61,6 +63,59 @@ def test_max_batches_caps_a_run(conn: Conn) -> None:
     result = Archiver(settings).run_once(conn, now=NOW)
     assert (result.done, result.batches, result.capped) == (20, 2, True)
     assert count(conn, "job", "done") == 30
+
+
+def test_archived_rows_are_deleted_after_the_archive_retention(conn: Conn) -> None:
+    earlier, later = NOW - timedelta(days=40), NOW - timedelta(days=10)
+    finished(conn, "done", timedelta(days=8), count=5, now=earlier)
+    Archiver().run_once(conn, now=earlier)
+    finished(conn, "dead", timedelta(days=31), count=3, now=later)
+    Archiver().run_once(conn, now=later)
+    assert count(conn, "archive") == 8
+    kept = Archiver().run_once(conn, now=NOW)  # no archive retention: kept for good
+    assert kept.deleted == 0 and count(conn, "archive") == 8
+    settings = ArchiveSettings(archive_retention_seconds=30 * 86400, batch_size=2)
+    result = Archiver(settings).run_once(conn, now=NOW)
+    # One statement each for the done and the failed rows (none), three deleting 2, 2, 1.
+    assert (result.count, result.deleted, result.batches, result.capped) == (0, 5, 5, False)
+    assert count(conn, "archive", "done") == 0
+    assert count(conn, "archive", "dead") == 3
+
+
+def test_max_batches_counts_the_deletions_too(conn: Conn) -> None:
+    earlier = NOW - timedelta(days=40)
+    finished(conn, "done", timedelta(days=8), count=4, now=earlier)
+    Archiver().run_once(conn, now=earlier)
+    finished(conn, "done", timedelta(days=8), count=3)
+    settings = ArchiveSettings(archive_retention_seconds=86400, batch_size=2, max_batches=3)
+    first = Archiver(settings).run_once(conn, now=NOW)
+    # Moving 2 and 1 done rows, then no failed ones, uses the three statements.
+    assert (first.done, first.deleted, first.batches, first.capped) == (3, 0, 3, True)
+    second = Archiver(dataclasses.replace(settings, max_batches=10)).run_once(conn, now=NOW)
+    assert (second.done, second.deleted, second.capped) == (0, 4, False)
+    assert count(conn, "archive") == 3  # archived just now, within the retention
+
+
+def test_deleting_archived_rows_walks_the_archive_by_index(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
+        " max_attempts, created_at, archived_at)"
+        " SELECT -g, 't', '{}', 'done', now(), 1, 3, now(), now() - g * interval '1 minute'"
+        " FROM generate_series(1, 50000) AS g"
+    )
+    conn.execute("ANALYZE rota.job_archive")
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    statement = re.sub(r"%\((\w+)\)s", number, sql.query("delete_archived"))
+    row = conn.execute("EXPLAIN (GENERIC_PLAN) " + statement).fetchall()
+    plan = "\n".join(r["QUERY PLAN"] for r in row)
+    assert "Seq Scan" not in plan, plan
+    assert "job_archive_archived_idx" in plan and "job_archive_pkey" in plan, plan
 
 
 def test_no_job_lost_or_doubled_while_workers_claim(db_url: str, conn: Conn) -> None:
@@ -172,3 +227,9 @@ def test_handler_uses_the_payload_settings(db_url: str, conn: Conn) -> None:
 def test_settings_are_validated() -> None:
     with pytest.raises(InvalidInput):
         ArchiveSettings(batch_size=0)
+    with pytest.raises(InvalidInput, match="negative"):
+        ArchiveSettings(archive_retention_seconds=-1)
+    assert (
+        ArchiveSettings.from_payload({"archive_retention_seconds": 60}).archive_retention_seconds
+        == 60
+    )

@@ -122,6 +122,8 @@ def test_a_granted_role_runs_workers_schedulers_reapers_and_the_console(
         assert read_status(conn).types["noop"].done == 5
         settings = ArchiveSettings(done_retention_seconds=0, failed_retention_seconds=0)
         assert Archiver(settings).run_once(conn, now=now + timedelta(days=1)).done >= 6
+        pruning = ArchiveSettings(archive_retention_seconds=0)
+        assert Archiver(pruning).run_once(conn, now=now + timedelta(days=2)).deleted >= 6
         assert schedules.remove(conn, "hourly")
 
 
