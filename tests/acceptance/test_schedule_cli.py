@@ -103,12 +103,20 @@ def test_archive_command(db_url: str, conn: Conn) -> None:
     assert moved.stdout == "archived 5 done and 0 failed/dead jobs\n"
     bad = rota(db_url, "archive", "--older-than", "soon")
     assert bad.returncode == 2 and "duration" in bad.stderr
-    conn.execute("UPDATE rota.job_archive SET archived_at = now() - interval '100 days'")
-    kept = rota(db_url, "archive", "--delete-archived-older-than", "120d")
-    assert kept.stdout == "archived 0 done and 0 failed/dead jobs\ndeleted 0 archived jobs\n"
-    deleted = rota(db_url, "archive", "--delete-archived-older-than", "90d")
-    assert deleted.returncode == 0, deleted.stderr
-    assert deleted.stdout == "archived 0 done and 0 failed/dead jobs\ndeleted 5 archived jobs\n"
+
+
+def test_archive_command_deletes_old_archived_rows(db_url: str, conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
+        " max_attempts, created_at, archived_at)"
+        " SELECT -g, 't', '{}', 'done', now(), 1, 3, now(), now() - interval '100 days'"
+        " FROM generate_series(1, 5) AS g"
+    )
+    for older_than, deleted in [("120d", 0), ("90d", 5)]:
+        done = rota(db_url, "archive", "--delete-archived-older-than", older_than)
+        assert done.returncode == 0, done.stderr
+        lines = ["archived 0 done and 0 failed/dead jobs", f"deleted {deleted} archived jobs"]
+        assert done.stdout.splitlines() == lines
     bad = rota(db_url, "archive", "--delete-archived-older-than", "later")
     assert bad.returncode == 2 and "--delete-archived-older-than" in bad.stderr
     archived = conn.execute("SELECT count(*) AS n FROM rota.job_archive").fetchone()
