@@ -5,7 +5,9 @@ and its vacuuming grow. The archiver moves done rows after `done_retention`,
 and failed/dead rows after a longer `failed_retention`, in capped batches of
 one short statement each, so it never holds locks that workers would wait on.
 An idempotency key lives in rota.job's unique index only while its row is
-there: the key's idempotency window equals the retention of its row.
+there: the key's idempotency window equals the retention of its row. With an
+`archive_retention`, the same run then deletes archived rows older than it;
+without one (the default), rota.job_archive keeps them.
 
 It runs as the built-in schedule ``rota/archive`` (job type ``rota.archive``,
 settings in the schedule's payload) and as ``rota archive``. It never touches
