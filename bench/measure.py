@@ -55,27 +55,27 @@ class Drain:
 
     @property
     def cpu_seconds_per_1000_jobs(self) -> float | None:
-        if self.server_cpu_seconds is None:
-            return None
-        return 1000 * self.server_cpu_seconds / self.jobs
+        return self._per_job(self.server_cpu_seconds, 1000)
 
     @property
     def wal_bytes_per_job(self) -> float | None:
-        return None if self.wal_bytes is None else self.wal_bytes / self.jobs
+        return self._per_job(self.wal_bytes)
 
     @property
     def commits_per_job(self) -> float | None:
-        return None if self.commits is None else self.commits / self.jobs
+        return self._per_job(self.commits)
 
     @property
     def vacuum_cpu_seconds_per_1000_jobs(self) -> float | None:
-        if self.vacuum_cpu_seconds is None:
-            return None
-        return 1000 * self.vacuum_cpu_seconds / self.jobs
+        return self._per_job(self.vacuum_cpu_seconds, 1000)
 
     @property
     def vacuum_wal_bytes_per_job(self) -> float | None:
-        return None if self.vacuum_wal_bytes is None else self.vacuum_wal_bytes / self.jobs
+        return self._per_job(self.vacuum_wal_bytes)
+
+    def _per_job(self, total: float | None, jobs_per_unit: int = 1) -> float | None:
+        """`total` over the drain's jobs (per `jobs_per_unit` jobs); None: not measured."""
+        return None if total is None else jobs_per_unit * total / self.jobs
 
 
 @dataclasses.dataclass(frozen=True)
