@@ -34,7 +34,7 @@ from rota.db import Conn
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.status import format_age
-from rota.web import actions, auth, filters
+from rota.web import actions, auth, filters, reads
 from rota.web.auth import Identity
 
 log = logging.getLogger("rota.web")
@@ -80,6 +80,7 @@ class Console:
         self.templates.filters["age"] = format_age
         self.templates.filters["instant"] = _instant
         self.templates.filters["utc"] = lambda v: _instant(v.astimezone(UTC)) if v else "-"
+        self.templates.filters["span"] = reads.span
         self.templates.globals["statuses"] = [s.value for s in Status]
         self._stop = threading.Event()
 

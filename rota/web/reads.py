@@ -11,7 +11,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rota import cron, schedule_store, sql, workers
+from rota import archive, cron, schedule_store, sql, workers
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound
 from rota.jobs import Job, Status
@@ -149,6 +149,8 @@ class ScheduleView:
     """Slots around the zone's next change of UTC offset (empty: no change within a year)."""
     dst_change: datetime | None
     error: str = ""
+    archive: archive.ArchiveSettings | None = None
+    """The archiver's settings, read from its payload (the built-in rota/archive schedule)."""
 
 
 def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
@@ -157,7 +159,10 @@ def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
 
 
 def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
+    settings = None
     try:
+        if row["job_type"] == archive.JOB_TYPE:
+            settings = archive.ArchiveSettings.from_payload(row["payload"])
         start = max(now, row["next_run_at"] - timedelta(microseconds=1))
         slots = cron.preview(row["cron"], row["timezone"], start=start, count=5)
         change = next_offset_change(row["timezone"], now)
@@ -168,7 +173,17 @@ def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
         )
     except InvalidInput as exc:
         return ScheduleView(row, [], [], None, str(exc))
-    return ScheduleView(row, slots, dst, change)
+    return ScheduleView(row, slots, dst, change, archive=settings)
+
+
+def span(seconds: float | None) -> str:
+    """A duration as `rota archive` takes it: 7d, 36h, 90m, 45s (the largest whole unit)."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:g}s"
 
 
 def next_offset_change(zone_name: str, after: datetime, days: int = 400) -> datetime | None:

@@ -223,6 +223,8 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     assert "worker-a1" in page.inner_text("#worker-list")
     page.click("nav >> text=Schedules")
     assert "nightly-report" in page.inner_text("main")
+    archiver = page.inner_text(".archive-settings")  # the built-in rota/archive schedule
+    assert "7d after they finish" in archiver and "archived rows are kept" in archiver
 
     # The audit page tells who did all of it.
     page.click("nav >> text=Audit")

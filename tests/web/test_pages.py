@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from psycopg.types.json import Jsonb
 
 from rota import schedule_store, workers
+from rota.web import reads
 from tests.web.conftest import BEARER, HTML, add_job, audit_rows
 
 NOW = datetime(2030, 3, 14, 15, 30, tzinfo=UTC)
@@ -112,6 +114,39 @@ def test_schedules_page_shows_slots_in_zone_and_utc_and_a_dst_preview(client, co
     assert "berlin" in page and "Europe/Berlin" in page
     assert "+01:00" in page or "+02:00" in page
     assert "change of UTC offset" in page
+
+
+def test_schedules_page_shows_payloads_and_the_archivers_settings_in_words(client, conn):
+    spec = schedule_store.ScheduleSpec(
+        "rota/archive", "rota.archive", "*/5 * * * *", payload={"done_retention_seconds": 3600}
+    )
+    schedule_store.upsert(conn, spec)
+    schedule_store.upsert(
+        conn, schedule_store.ScheduleSpec("nightly", "report", "0 3 * * *", payload={"to": "<b>"})
+    )
+    page = client.get("/schedules", headers=BEARER).text
+    assert '{"to": "\\u003cb\\u003e"}' in page  # the payload as JSON, never as markup
+    assert "<b>" not in page
+    assert "done jobs to <code>rota.job_archive</code> 1h after they finish" in page
+    assert "failed, dead and cancelled ones after 30d" in page
+    assert "archived rows are kept" in page
+
+    spec = dataclasses.replace(spec, payload={"archive_retention_seconds": 90 * 86400})
+    schedule_store.upsert(conn, spec)
+    page = client.get("/schedules", headers=BEARER).text
+    assert "done jobs to <code>rota.job_archive</code> 7d after" in page
+    assert "archived rows are deleted 90d after they were archived" in page
+
+    spec = dataclasses.replace(spec, payload={"done_retention_seconds": -1})
+    schedule_store.upsert(conn, spec)
+    page = client.get("/schedules", headers=BEARER).text
+    assert "archive retentions must not be negative" in page
+
+
+def test_span_writes_a_duration_in_its_largest_whole_unit():
+    seconds = (86400 * 7, 36 * 3600, 5400, 90, 45, 1.5, 0, None)
+    spans = ["7d", "36h", "90m", "90s", "45s", "1.5s", "0s", "-"]
+    assert [reads.span(s) for s in seconds] == spans
 
 
 def test_workers_page_shows_live_workers_and_what_they_run(client, conn):
