@@ -71,6 +71,14 @@ class ArchiveSettings:
         known = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(values, dict) or set(values) - known:
             raise InvalidInput(f"archive payload takes only the keys {sorted(known)}")
+        for name, value in values.items():
+            whole = name in ("batch_size", "max_batches")
+            kinds = int if whole else (int, float)
+            if value is None and name == "archive_retention_seconds":
+                continue
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                kind = "a whole number" if whole else "a number of seconds"
+                raise InvalidInput(f"{name} must be {kind}, not {value!r}")
         return cls(**values)
 
 

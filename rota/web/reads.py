@@ -159,10 +159,8 @@ def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
 
 
 def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
-    settings = None
+    settings, refused = _archive_settings(row)
     try:
-        if row["job_type"] == archive.JOB_TYPE:
-            settings = archive.ArchiveSettings.from_payload(row["payload"])
         start = max(now, row["next_run_at"] - timedelta(microseconds=1))
         slots = cron.preview(row["cron"], row["timezone"], start=start, count=5)
         change = next_offset_change(row["timezone"], now)
@@ -173,7 +171,17 @@ def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
         )
     except InvalidInput as exc:
         return ScheduleView(row, [], [], None, str(exc))
-    return ScheduleView(row, slots, dst, change, archive=settings)
+    return ScheduleView(row, slots, dst, change, refused, settings)
+
+
+def _archive_settings(row: dict[str, Any]) -> tuple[archive.ArchiveSettings | None, str]:
+    """The archiver's settings from its schedule's payload, or why its runs would refuse it."""
+    if row["job_type"] != archive.JOB_TYPE:
+        return None, ""
+    try:
+        return archive.ArchiveSettings.from_payload(row["payload"]), ""
+    except InvalidInput as exc:
+        return None, f"the archiver refuses this payload: {exc}"
 
 
 def span(seconds: float | None) -> str:

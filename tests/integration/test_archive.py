@@ -233,3 +233,12 @@ def test_settings_are_validated() -> None:
         ArchiveSettings.from_payload({"archive_retention_seconds": 60}).archive_retention_seconds
         == 60
     )
+    assert ArchiveSettings.from_payload({"archive_retention_seconds": None}) == ArchiveSettings()
+    for payload, reason in [
+        ({"done_retention_seconds": "7d"}, "done_retention_seconds must be a number of seconds"),
+        ({"failed_retention_seconds": None}, "failed_retention_seconds must be a number"),
+        ({"max_batches": True}, "max_batches must be a whole number"),
+        ({"batch_size": 10.5}, "batch_size must be a whole number"),
+    ]:
+        with pytest.raises(InvalidInput, match=reason):
+            ArchiveSettings.from_payload(payload)

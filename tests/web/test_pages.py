@@ -137,10 +137,16 @@ def test_schedules_page_shows_payloads_and_the_archivers_settings_in_words(clien
     assert "done jobs to <code>rota.job_archive</code> 7d after" in page
     assert "archived rows are deleted 90d after they were archived" in page
 
-    spec = dataclasses.replace(spec, payload={"done_retention_seconds": -1})
-    schedule_store.upsert(conn, spec)
-    page = client.get("/schedules", headers=BEARER).text
-    assert "archive retentions must not be negative" in page
+    # A payload the archiver would refuse: its reason, and the slots all the same.
+    for payload, reason in [
+        ({"done_retention_seconds": -1}, "archive retentions must not be negative"),
+        ({"done_retention_seconds": "7d"}, "done_retention_seconds must be a number of seconds"),
+        ({"batch_size": 10.5}, "batch_size must be a whole number"),
+    ]:
+        schedule_store.upsert(conn, dataclasses.replace(spec, payload=payload))
+        page = client.get("/schedules", headers=BEARER).text
+        assert f"the archiver refuses this payload: {reason}" in page, reason
+        assert "Next slots" in page and page.count("<td>") >= 2 * 5 * 2
 
 
 def test_span_writes_a_duration_in_its_largest_whole_unit():
