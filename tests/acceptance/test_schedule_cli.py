@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import psycopg
@@ -68,6 +69,33 @@ def test_bad_schedule_is_exit_2_one_line_nothing_stored(
     assert len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr
     assert schedule_count(conn) == 1
+
+
+def test_an_archive_schedule_takes_only_a_payload_the_archiver_takes(
+    db_url: str, conn: Conn
+) -> None:
+    def add(payload: str) -> subprocess.CompletedProcess[str]:
+        return rota(db_url, "schedule", "add", "rota/archive", "--type", "rota.archive",
+                    "--cron", "*/5 * * * *", "--payload", payload)  # fmt: skip
+
+    def stored() -> object:
+        row = conn.execute("SELECT payload FROM rota.schedule WHERE name = 'rota/archive'")
+        return row.fetchone()["payload"]  # type: ignore[index]
+
+    before = stored()
+    for payload, reason in [
+        ('{"done_retention_seconds": "7d"}', "done_retention_seconds must be a number of seconds"),
+        ('{"batch_size": 0}', "at least 1"),
+        ('{"archive_retention_seconds": -60}', "must not be negative"),
+        ('{"retention": 60}', "takes only the keys"),
+    ]:
+        result = add(payload)
+        assert result.returncode == 2, payload
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "--payload of a rota.archive schedule" in result.stderr and reason in result.stderr
+        assert stored() == before
+    assert add('{"archive_retention_seconds": 7776000}').returncode == 0
+    assert stored() == {"archive_retention_seconds": 7776000}
 
 
 def test_preview_shows_dst_days_in_the_schedule_zone(db_url: str) -> None:
