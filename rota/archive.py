@@ -82,6 +82,17 @@ class ArchiveSettings:
         return cls(**values)
 
 
+def check_schedule(job_type: str, payload: Any) -> None:
+    """Refuse a schedule of archive jobs whose payload the archiver would refuse at
+    every run (`rota schedule add` and the operator's JobSchedule both ask)."""
+    if job_type != JOB_TYPE:
+        return
+    try:
+        ArchiveSettings.from_payload(payload)
+    except InvalidInput as exc:
+        raise InvalidInput(f"payload of a {JOB_TYPE} schedule: {exc}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class ArchiveResult:
     done: int = 0

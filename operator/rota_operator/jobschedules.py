@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rota import archive
 from rota import schedule_store as core
 from rota.errors import InvalidInput
 from rota_operator.conditions import rfc3339, with_condition
@@ -26,8 +27,9 @@ def row_name(namespace: str, name: str) -> str:
 def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.ScheduleSpec:
     """The core's ScheduleSpec for this object; InvalidInput when the spec cannot be one.
 
-    The core's `validate` is the judge (cron, time zone, payload size), so the CLI
-    and the operator accept exactly the same schedules.
+    The core's `validate` is the judge (cron, time zone, payload size; and the
+    archiver's settings for a schedule of archive jobs), so the CLI and the
+    operator accept exactly the same schedules.
     """
     payload = spec.get("payload")
     if payload is not None and not isinstance(payload, Mapping):
@@ -40,6 +42,7 @@ def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.Schedule
     except (TypeError, ValueError) as exc:  # e.g. spreadSeconds: "soon"
         raise InvalidInput(f"spec: {exc}") from None
     core.validate(result)
+    archive.check_schedule(result.job_type, result.payload)
     return result
 
 

@@ -20,7 +20,7 @@ from rota.cli.common import (
     positive_int,
     print_json,
 )
-from rota.errors import InvalidInput, RotaError
+from rota.errors import RotaError
 from rota.schedule_store import ScheduleSpec
 
 _MAX_PREVIEW = 10_000
@@ -81,13 +81,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         priority=args.priority,
         timeout_seconds=args.timeout,
     )
-    if spec.job_type == archive.JOB_TYPE:
-        # The archiver reads its settings from the payload: what its runs would
-        # refuse is refused here, before anything is stored.
-        try:
-            archive.ArchiveSettings.from_payload(spec.payload)
-        except InvalidInput as exc:
-            raise UsageError(f"--payload of a {archive.JOB_TYPE} schedule: {exc}") from None
+    archive.check_schedule(spec.job_type, spec.payload)
     row = schedule_store.upsert(database_url(), spec)
     local, utc = _instants(row["next_run_at"], row["timezone"])
     print(f"{row['name']}: next run {local} ({utc})")

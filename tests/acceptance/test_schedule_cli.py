@@ -92,7 +92,7 @@ def test_an_archive_schedule_takes_only_a_payload_the_archiver_takes(
         result = add(payload)
         assert result.returncode == 2, payload
         assert len(result.stderr.strip().splitlines()) == 1
-        assert "--payload of a rota.archive schedule" in result.stderr and reason in result.stderr
+        assert "payload of a rota.archive schedule" in result.stderr and reason in result.stderr
         assert stored() == before
     assert add('{"archive_retention_seconds": 7776000}').returncode == 0
     assert stored() == {"archive_retention_seconds": 7776000}

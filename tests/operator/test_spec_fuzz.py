@@ -93,6 +93,8 @@ def test_a_workerpool_spec_parses_or_fails_the_way_poll_once_catches(
         {"jobType": "t", "schedule": "@daily", "spreadSeconds": [1]},  # was TypeError
         {"jobType": "t", "schedule": "@daily", "timeZone": True},  # was AttributeError
         {"jobType": "t", "schedule": "@daily", "payload": {"x": math.nan}},  # PostgreSQL refused
+        # Stored, then refused by the archiver at every run:
+        {"jobType": "rota.archive", "schedule": "@daily", "payload": {"batch_size": "many"}},
     ],
 )
 def test_specs_that_crashed_the_handler_are_invalid(spec: dict[str, Any]) -> None:
