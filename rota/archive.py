@@ -160,7 +160,7 @@ def archive_job(job: Job, ctx: Context) -> None:
     """The built-in schedule's job: archive with the settings in its payload."""
     try:
         settings = ArchiveSettings.from_payload(job.payload)
-    except (InvalidInput, TypeError) as exc:
+    except InvalidInput as exc:  # from_payload checks every value's type too
         raise Permanent(f"bad archive settings: {exc}") from None
     result = Archiver(settings).run_once(ctx.dsn)
     log.info(
