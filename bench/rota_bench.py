@@ -14,6 +14,7 @@ import rota
 from bench.measure import Drain, Latency, spawn, timed_drain, timed_latency
 from bench.server import Server
 from rota import db
+from rota.migrate import use_key_index
 
 NewDatabase = Callable[[str], str]
 """Creates an empty database with the given name and returns its URL."""
@@ -35,7 +36,16 @@ BATCH = 1000
 def fresh(new_database: NewDatabase, name: str) -> str:
     dsn = new_database(name)
     rota.migrate(dsn)
+    if KEY_INDEX != "constraint":
+        use_key_index(dsn, KEY_INDEX)
     return dsn
+
+
+KEY_INDEX_NAMES = {"constraint": "constraint", "partial": "partial index"}
+
+KEY_INDEX = "constraint"
+"""How Rota's databases keep idempotency keys unique (`python -m bench.run --key-index`):
+the schema's constraint, or `rota migrate --key-index partial`."""
 
 
 EXTRA_WORKER_ARGS: list[str] = []
@@ -108,7 +118,7 @@ def drain(
         jobs,
         lambda: start_workers(dsn, processes, concurrency),
         f"concurrency {concurrency} per process (claims into the free slots,"
-        " and a batch ahead while jobs end fast)",
+        f" and a batch ahead while jobs end fast); keys unique by the {KEY_INDEX_NAMES[KEY_INDEX]}",
         server,
     )
 

@@ -33,6 +33,7 @@ from bench import rota_bench
 from bench.measure import Drain, Latency, vacuum
 from bench.peers import Peer, PgQueuer, PgQueuerUvloop, Procrastinate, available
 from bench.server import Server
+from rota.migrate import KEY_INDEXES
 
 NewDatabase = Callable[[str], str]
 PGQUEUER_SETUPS = ("pgqueuer", "pgqueuer-uvloop")
@@ -497,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         help="one more flag for every Rota worker, e.g. --worker-arg=--no-claim-ahead",
     )
     parser.add_argument(
+        "--key-index",
+        choices=KEY_INDEXES,
+        default="constraint",
+        help="how Rota's databases keep idempotency keys unique (rota migrate --key-index)",
+    )
+    parser.add_argument(
         "--done-rows", type=int, help=f"done rows beside the crowded drain ({defaults.done_rows:,})"
     )
     parser.add_argument(
@@ -531,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         changes["peers"] = ()
     plan = dataclasses.replace(plan, **changes)
     rota_bench.EXTRA_WORKER_ARGS[:] = args.worker_arg
+    rota_bench.KEY_INDEX = args.key_index
     logging.basicConfig(level=logging.WARNING)
 
     from bench.server import postmaster_pid

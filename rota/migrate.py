@@ -15,13 +15,15 @@ cannot change the schema.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
+import psycopg
 from psycopg import sql as pgsql
 
 from rota import sql
-from rota.db import ConnOrDsn, connection, errors_wrapped, fetch_all
-from rota.errors import InvalidInput, MigrationError
+from rota.db import Conn, ConnOrDsn, connection, errors_wrapped, fetch_all
+from rota.errors import DatabaseError, InvalidInput, MigrationError
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +83,115 @@ def require_current(conn_or_dsn: ConnOrDsn) -> None:
         raise MigrationError(
             f"database schema is not up to date (run `rota migrate`): missing {missing}"
         )
+
+
+KEY_INDEXES = ("constraint", "partial")
+"""How idempotency keys are kept unique (`rota migrate --key-index`).
+
+constraint: the schema's unique constraint, job_idempotency_key_key (the
+    default). Every row version has an entry in it, keyless ones included, and
+    any statement may write `ON CONFLICT (idempotency_key)`.
+partial: a unique index over the keyed rows only, job_idempotency_key_idx. A
+    job without a key costs no entry in it, which takes an index entry off its
+    claim and another off its outcome. A statement that inserts jobs must name
+    the keyed rows: `ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT
+    NULL`, as Rota's own do since 0.2 (those of 0.1, and hand-written ones
+    without the WHERE, fail: PostgreSQL finds no arbiter for them).
+"""
+
+_LOCK_TRIES = 10
+"""Tries at the instant's lock that adding or dropping the constraint takes."""
+
+
+def key_index(conn_or_dsn: ConnOrDsn) -> str:
+    """How idempotency keys are kept unique now: one of KEY_INDEXES."""
+    with connection(conn_or_dsn) as conn:
+        state = fetch_all(conn, sql.query("key_index_state"))[0]
+    if state["has_constraint"]:
+        return "constraint"
+    if state["partial_valid"]:
+        return "partial"
+    raise MigrationError(
+        "rota.job has no unique index on idempotency_key: run `rota migrate --key-index constraint`"
+    )
+
+
+def use_key_index(conn_or_dsn: ConnOrDsn, kind: str) -> bool:
+    """Keep idempotency keys unique the way `kind` says (see KEY_INDEXES).
+
+    Returns whether anything changed. The new index is built first, without
+    stopping writes (CREATE INDEX CONCURRENTLY), and the old one dropped after,
+    so keys stay unique throughout; taking the constraint away or giving it
+    back locks the table for an instant. A switch interrupted half way is
+    finished by running it again. The connection must be in autocommit mode
+    and outside a transaction; migrations wait for the switch.
+    """
+    if kind not in KEY_INDEXES:
+        raise InvalidInput(f"key index must be one of {', '.join(KEY_INDEXES)}, not {kind!r}")
+    with connection(conn_or_dsn) as conn:
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if not (conn.autocommit and idle):
+            raise InvalidInput(
+                "switching the key index needs an autocommit connection outside a transaction"
+            )
+        require_current(conn)
+        fetch_all(conn, sql.query("key_index_lock"), {"lock_id": _LOCK_ID})
+        try:
+            state = fetch_all(conn, sql.query("key_index_state"))[0]
+            changed = _to_partial(conn, state) if kind == "partial" else _to_constraint(conn, state)
+        finally:
+            fetch_all(conn, sql.query("key_index_unlock"), {"lock_id": _LOCK_ID})
+    if changed:
+        log.info("idempotency keys are now kept unique by the %s", _DESCRIBED[kind])
+    return changed
+
+
+_DESCRIBED = {
+    "constraint": "unique constraint job_idempotency_key_key",
+    "partial": "partial unique index job_idempotency_key_idx",
+}
+
+
+def describe_key_index(kind: str) -> str:
+    """`kind` of KEY_INDEXES in words, with the name of its index."""
+    return _DESCRIBED[kind]
+
+
+def _to_partial(conn: Conn, state: dict[str, object]) -> bool:
+    if state["partial_valid"] and not state["has_constraint"] and not state["has_new"]:
+        return False
+    if not state["partial_valid"]:
+        conn.execute(sql.query("key_partial_drop"))  # an interrupted build leaves it invalid
+        conn.execute(sql.query("key_partial_create"))
+    if state["has_constraint"]:
+        _briefly_locked(conn, "key_constraint_drop")
+    conn.execute(sql.query("key_new_drop"))
+    return True
+
+
+def _to_constraint(conn: Conn, state: dict[str, object]) -> bool:
+    if state["has_constraint"] and state["partial_valid"] is None:
+        return False
+    if not state["has_constraint"]:
+        conn.execute(sql.query("key_new_drop"))  # an interrupted build leaves it invalid
+        conn.execute(sql.query("key_new_create"))
+        _briefly_locked(conn, "key_constraint_add")
+    conn.execute(sql.query("key_partial_drop"))
+    return True
+
+
+def _briefly_locked(conn: Conn, name: str) -> None:
+    """Run a statement that locks rota.job, giving up on the lock after a moment
+    (every claim and enqueue would queue up behind it) and trying again."""
+    for _ in range(_LOCK_TRIES):
+        try:
+            with conn.transaction():
+                conn.execute(sql.query("key_index_lock_timeout"))
+                conn.execute(sql.query(name))
+            return
+        except psycopg.errors.LockNotAvailable:
+            time.sleep(1.0)
+    raise DatabaseError(
+        f"could not lock rota.job for an instant in {_LOCK_TRIES} tries (a long transaction"
+        " holds it); the new index is in place: run the same command again"
+    )

@@ -9,7 +9,7 @@ from typing import Any
 from rota import control
 from rota.cli.common import UsageError, database_url, parse_instant, parse_json, positive_int
 from rota.enqueue import enqueue
-from rota.migrate import migrate
+from rota.migrate import KEY_INDEXES, describe_key_index, migrate, use_key_index
 from rota.settings import QueueSettings
 
 
@@ -21,6 +21,13 @@ def register(sub: Any) -> None:
         default=[],
         metavar="ROLE[,ROLE]",
         help="give existing roles the rights the workers and the operator need (repeatable)",
+    )
+    p.add_argument(
+        "--key-index",
+        choices=KEY_INDEXES,
+        help="keep idempotency keys unique by the unique constraint (every row has an entry)"
+        " or by a partial unique index over keyed rows only (cheaper; every client must"
+        " be 0.2 or later): see the README",
     )
     p.set_defaults(func=cmd_migrate)
 
@@ -56,8 +63,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     roles = [role.strip() for value in args.grant for role in value.split(",")]
     if "" in roles:
         raise UsageError("--grant needs role names, e.g. --grant rota_worker")
-    applied = migrate(database_url(), grant=roles)
+    dsn = database_url()
+    applied = migrate(dsn, grant=roles)
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
+    if args.key_index:
+        changed = use_key_index(dsn, args.key_index)
+        print(
+            f"idempotency keys: {describe_key_index(args.key_index)}"
+            + (" (switched)" if changed else " (already)")
+        )
     return 0
 
 

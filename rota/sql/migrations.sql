@@ -24,3 +24,51 @@ SELECT to_regclass('rota.migrations') IS NOT NULL AS found
 
 -- name: migrations_applied
 SELECT id FROM rota.migrations ORDER BY id
+
+-- How idempotency keys are kept unique (rota.migrate.use_key_index): by the
+-- unique constraint job_idempotency_key_key, an index entry for every row
+-- version, or by the partial unique index job_idempotency_key_idx over the
+-- keyed rows only. job_idempotency_key_new is the constraint's index while it
+-- is being built.
+
+-- name: key_index_state
+SELECT EXISTS (SELECT FROM pg_constraint
+               WHERE conrelid = 'rota.job'::regclass
+                 AND conname = 'job_idempotency_key_key') AS has_constraint,
+       (SELECT indisvalid FROM pg_index
+        WHERE indexrelid = to_regclass('rota.job_idempotency_key_idx')) AS partial_valid,
+       to_regclass('rota.job_idempotency_key_new') IS NOT NULL AS has_new
+
+-- name: key_index_lock
+-- Held for the whole switch (a session lock: the indexes are built outside a
+-- transaction), so that migrations and other switches wait.
+SELECT pg_advisory_lock(%(lock_id)s)
+
+-- name: key_index_unlock
+SELECT pg_advisory_unlock(%(lock_id)s)
+
+-- name: key_index_lock_timeout
+-- Adding or dropping the constraint locks the table for an instant, but waiting
+-- for that lock would stop every claim and enqueue behind it: give up soon,
+-- and try again.
+SET LOCAL lock_timeout = '2s'
+
+-- name: key_partial_drop
+DROP INDEX CONCURRENTLY IF EXISTS rota.job_idempotency_key_idx
+
+-- name: key_partial_create
+CREATE UNIQUE INDEX CONCURRENTLY job_idempotency_key_idx ON rota.job (idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+
+-- name: key_constraint_drop
+ALTER TABLE rota.job DROP CONSTRAINT job_idempotency_key_key
+
+-- name: key_new_drop
+DROP INDEX CONCURRENTLY IF EXISTS rota.job_idempotency_key_new
+
+-- name: key_new_create
+CREATE UNIQUE INDEX CONCURRENTLY job_idempotency_key_new ON rota.job (idempotency_key)
+
+-- name: key_constraint_add
+ALTER TABLE rota.job ADD CONSTRAINT job_idempotency_key_key
+    UNIQUE USING INDEX job_idempotency_key_new

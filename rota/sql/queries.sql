@@ -7,6 +7,9 @@
 -- the same batch) inserts nothing and reports the id that holds the key.
 -- The payloads travel in binary (%(payloads)b): as a text array every JSON
 -- document would be quoted and escaped, a third of the client's time.
+-- ON CONFLICT names the keyed rows (WHERE idempotency_key IS NOT NULL): that
+-- finds the key's unique constraint and the partial unique index alike, the
+-- two ways `rota migrate --key-index` keeps keys unique.
 WITH input AS (
     SELECT t.ord, t.type, t.payload, t.key, t.run_at, t.delay, t.max_attempts, t.priority,
            t.timeout, nextval(pg_get_serial_sequence('rota.job', 'id')) AS new_id
@@ -28,7 +31,7 @@ inserted AS (
            coalesce(%(now)s::timestamptz, now())
     FROM input
     ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, idempotency_key
 )
 SELECT i.ord,
@@ -43,7 +46,8 @@ ORDER BY i.ord
 -- name: enqueue_job
 -- One job: the same row as enqueue_jobs makes, from a statement a fraction of
 -- its cost to plan and run (a third of the time of an enqueue, commit
--- included). A known key inserts nothing and returns no row.
+-- included). A known key inserts nothing and returns no row (ON CONFLICT as
+-- in enqueue_jobs).
 INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, priority,
                       timeout_seconds, created_at)
 VALUES (%(type)s, %(payload)s, %(key)s,
@@ -53,7 +57,7 @@ VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(max_attempts)s::int, %(default_max_attempts)s),
         %(priority)s::smallint, %(timeout)s::float8,
         coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
 -- name: ids_for_keys

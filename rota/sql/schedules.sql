@@ -60,12 +60,13 @@ FROM (SELECT status FROM rota.job WHERE schedule_id = %(schedule_id)s
       ORDER BY slot DESC LIMIT 1) AS latest
 
 -- name: schedule_enqueue_slot
--- The idempotency key makes a slot one job, whoever enqueues it how often.
+-- The idempotency key makes a slot one job, whoever enqueues it how often
+-- (ON CONFLICT as in enqueue_jobs).
 INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, priority,
                       timeout_seconds, schedule_id, slot, created_at)
 VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(priority)s,
         %(timeout_seconds)s, %(schedule_id)s, %(slot)s, coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
 -- name: schedule_advance

@@ -62,11 +62,16 @@ def _check_rota(report: dict[str, Any]) -> None:
     assert [g["metric"] for g in report["goals"]] == [g.metric for g in GOALS]
 
 
-def test_benchmark_of_rota_alone_produces_every_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keys", ["constraint", "partial"])
+def test_benchmark_of_rota_alone_produces_every_field(tmp_path: Path, keys: str) -> None:
     out = tmp_path / "latest.json"
-    printed = run_module("bench.run", "--quick", "--only-rota", "--json", str(out))
+    printed = run_module(
+        "bench.run", "--quick", "--only-rota", "--key-index", keys, "--json", str(out)
+    )
     report = json.loads(out.read_text())
     _check_rota(report)
+    unique_by = {"constraint": "constraint", "partial": "partial index"}[keys]
+    assert f"keys unique by the {unique_by}" in printed
     for goal in report["goals"]:
         assert goal["rota"] is not None
     assert "| server CPU s per 1,000 jobs, 2 processes |" in printed

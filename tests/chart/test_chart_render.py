@@ -191,7 +191,11 @@ def test_migrations_run_before_install_and_upgrade(render: Render) -> None:
     objects = render(values=[ALL_OPTIONS])
     (job,) = [o for o in objects if o["kind"] == "Job"]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["rota", "migrate"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["rota", "migrate"]
+    assert container["args"] == ["--key-index", "partial"]
+    (default_job,) = [o for o in render() if o["kind"] == "Job"]
+    assert "args" not in default_job["spec"]["template"]["spec"]["containers"][0]
     (secret,) = [o for o in objects if o["kind"] == "Secret"]
     secret_weight = int(secret["metadata"]["annotations"]["helm.sh/hook-weight"])
     assert secret_weight < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
