@@ -594,6 +594,9 @@ def test_helm_upgrade_reruns_migrations_and_keeps_serving(
         "--reuse-values",
         "--set",
         "worker.concurrency=3",
+        # The migration Job also switches the key index, while the workers serve.
+        "--set",
+        "migrations.keyIndex=partial",
         "--wait",
         "--timeout",
         "8m",
@@ -608,6 +611,12 @@ def test_helm_upgrade_reruns_migrations_and_keeps_serving(
         and datetime.fromisoformat(e["lastTimestamp"]) >= before
     ]
     assert jobs, "the pre-upgrade hook ran the migrations again"
+    assert database.value(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'job_idempotency_key_idx'"
+    ).endswith("WHERE (idempotency_key IS NOT NULL)")
+    assert not database.value(
+        "SELECT count(*) FROM pg_constraint WHERE conname = 'job_idempotency_key_key'"
+    )
     args = kube.get("deployment", WORKERS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--concurrency=3" in args, args
     kube.kubectl("-n", NS, "apply", "-f", "-", stdin=TICK)
