@@ -158,7 +158,7 @@ def describe_key_index(kind: str) -> str:
 
 
 def _to_partial(conn: Conn, state: dict[str, object]) -> bool:
-    if state["partial_valid"] and not state["has_constraint"] and not state["has_new"]:
+    if state["partial_valid"] and not state["has_constraint"] and state["new_valid"] is None:
         return False
     if not state["partial_valid"]:
         conn.execute(sql.query("key_partial_drop"))  # an interrupted build leaves it invalid
@@ -173,8 +173,9 @@ def _to_constraint(conn: Conn, state: dict[str, object]) -> bool:
     if state["has_constraint"] and state["partial_valid"] is None:
         return False
     if not state["has_constraint"]:
-        conn.execute(sql.query("key_new_drop"))  # an interrupted build leaves it invalid
-        conn.execute(sql.query("key_new_create"))
+        if not state["new_valid"]:
+            conn.execute(sql.query("key_new_drop"))  # an interrupted build leaves it invalid
+            conn.execute(sql.query("key_new_create"))
         _briefly_locked(conn, "key_constraint_add")
     conn.execute(sql.query("key_partial_drop"))
     return True

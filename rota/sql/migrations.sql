@@ -37,7 +37,8 @@ SELECT EXISTS (SELECT FROM pg_constraint
                  AND conname = 'job_idempotency_key_key') AS has_constraint,
        (SELECT indisvalid FROM pg_index
         WHERE indexrelid = to_regclass('rota.job_idempotency_key_idx')) AS partial_valid,
-       to_regclass('rota.job_idempotency_key_new') IS NOT NULL AS has_new
+       (SELECT indisvalid FROM pg_index
+        WHERE indexrelid = to_regclass('rota.job_idempotency_key_new')) AS new_valid
 
 -- name: key_index_lock
 -- Held for the whole switch (a session lock: the indexes are built outside a

@@ -142,6 +142,29 @@ def test_a_leftover_of_an_interrupted_switch_is_cleared_by_the_next(conn: Conn) 
     assert list(indexes(conn)) == ["job_idempotency_key_idx"]
 
 
+def test_a_switch_back_that_could_not_lock_the_table_reuses_its_index(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_key_index(conn, "partial")
+    monkeypatch.setattr(migrations, "_LOCK_TRIES", 1)
+    with psycopg.connect(db_url) as reader:
+        reader.execute("SELECT count(*) FROM rota.job")  # holds its lock until rolled back
+        with pytest.raises(DatabaseError, match="run the same command again"):
+            use_key_index(conn, "constraint")
+        reader.rollback()
+    built = conn.execute(
+        "SELECT oid FROM pg_class WHERE relname = 'job_idempotency_key_new'"
+    ).fetchone()
+    assert built is not None
+    assert use_key_index(conn, "constraint") is True
+    # The index built by the first try became the constraint's (renamed, not rebuilt).
+    became = conn.execute(
+        "SELECT oid FROM pg_class WHERE relname = 'job_idempotency_key_key'"
+    ).fetchone()
+    assert became == built
+    assert list(indexes(conn)) == ["job_idempotency_key_key"]
+
+
 def test_jobs_keep_coming_while_the_keys_switch_both_ways(db_url: str, conn: Conn) -> None:
     errors: list[BaseException] = []
     stop = threading.Event()
