@@ -35,6 +35,7 @@ import pytest
 import rota
 from rota import control, schedule_store
 from rota.errors import DatabaseUnavailable
+from rota.migrate import key_index, use_key_index
 from tests.acceptance.procs import wait_for
 from tests.pgcluster import CrashSafePostgres
 from tests.soak.harness import Fleet, Proc
@@ -116,6 +117,9 @@ def server() -> Iterator[CrashSafePostgres]:
 def fleet(server: CrashSafePostgres, tmp_path: Path) -> Iterator[Fleet]:
     url = server.url()
     rota.migrate(url)
+    # ROTA_SOAK_KEY_INDEX=partial: the same faults with idempotency keys kept
+    # unique by the partial index (`rota migrate --key-index partial`).
+    use_key_index(url, os.environ.get("ROTA_SOAK_KEY_INDEX") or "constraint")
     with psycopg.connect(url, autocommit=True) as conn:
         # Only the soak's own jobs: the built-in archive schedule would add one
         # at every 5-minute boundary.
@@ -426,6 +430,7 @@ def test_chaos_soak_every_job_done_once_and_late_finishers_write_nothing(
         startup_seconds=round(chaos_began - began, 1),
         chaos_seconds=round(chaos_seconds, 1),
         action_seconds=soak.action_seconds,
+        key_index=key_index(fleet.db_url),
         **soak.figures,
     )
     print("\nchaos soak:", json.dumps(figures))
