@@ -102,6 +102,11 @@ partial: a unique index over the keyed rows only, job_idempotency_key_idx. A
 _LOCK_TRIES = 10
 """Tries at the instant's lock that adding or dropping the constraint takes."""
 
+_KEY_LOCK_ID = _LOCK_ID + 1
+"""One key index switch at a time (migrations take _LOCK_ID)."""
+
+_KEY_LOCK_POLL_SECONDS = 0.2
+
 
 def key_index(conn_or_dsn: ConnOrDsn) -> str:
     """How idempotency keys are kept unique now: one of KEY_INDEXES."""
@@ -124,7 +129,7 @@ def use_key_index(conn_or_dsn: ConnOrDsn, kind: str) -> bool:
     so keys stay unique throughout; taking the constraint away or giving it
     back locks the table for an instant. A switch interrupted half way is
     finished by running it again. The connection must be in autocommit mode
-    and outside a transaction; migrations wait for the switch.
+    and outside a transaction; a second switch waits for the first.
     """
     if kind not in KEY_INDEXES:
         raise InvalidInput(f"key index must be one of {', '.join(KEY_INDEXES)}, not {kind!r}")
@@ -135,12 +140,12 @@ def use_key_index(conn_or_dsn: ConnOrDsn, kind: str) -> bool:
                 "switching the key index needs an autocommit connection outside a transaction"
             )
         require_current(conn)
-        fetch_all(conn, sql.query("key_index_lock"), {"lock_id": _LOCK_ID})
+        _wait_for_key_lock(conn)
         try:
             state = fetch_all(conn, sql.query("key_index_state"))[0]
             changed = _to_partial(conn, state) if kind == "partial" else _to_constraint(conn, state)
         finally:
-            fetch_all(conn, sql.query("key_index_unlock"), {"lock_id": _LOCK_ID})
+            fetch_all(conn, sql.query("key_index_unlock"), {"lock_id": _KEY_LOCK_ID})
     if changed:
         log.info("idempotency keys are now kept unique by the %s", _DESCRIBED[kind])
     return changed
@@ -155,6 +160,16 @@ _DESCRIBED = {
 def describe_key_index(kind: str) -> str:
     """`kind` of KEY_INDEXES in words, with the name of its index."""
     return _DESCRIBED[kind]
+
+
+def _wait_for_key_lock(conn: Conn) -> None:
+    """Take the switch's lock, trying again while another switch holds it."""
+    said = False
+    while not fetch_all(conn, sql.query("key_index_lock"), {"lock_id": _KEY_LOCK_ID})[0]["locked"]:
+        if not said:
+            log.info("waiting for another switch of the key index to end")
+            said = True
+        time.sleep(_KEY_LOCK_POLL_SECONDS)
 
 
 def _to_partial(conn: Conn, state: dict[str, object]) -> bool:

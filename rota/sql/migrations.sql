@@ -41,9 +41,11 @@ SELECT EXISTS (SELECT FROM pg_constraint
         WHERE indexrelid = to_regclass('rota.job_idempotency_key_new')) AS new_valid
 
 -- name: key_index_lock
--- Held for the whole switch (a session lock: the indexes are built outside a
--- transaction), so that migrations and other switches wait.
-SELECT pg_advisory_lock(%(lock_id)s)
+-- One switch at a time, held for the whole switch (a session lock: the indexes
+-- are built outside a transaction). Tried, never waited for: a statement
+-- waiting for it would hold a snapshot, which the other switch's CREATE INDEX
+-- CONCURRENTLY waits for in turn, a deadlock.
+SELECT pg_try_advisory_lock(%(lock_id)s) AS locked
 
 -- name: key_index_unlock
 SELECT pg_advisory_unlock(%(lock_id)s)

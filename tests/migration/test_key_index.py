@@ -200,6 +200,29 @@ def test_jobs_keep_coming_while_the_keys_switch_both_ways(db_url: str, conn: Con
     assert row == {"keyed": min(sent, 300), "keys": min(sent, 300)}
 
 
+def test_two_switches_at_once_take_turns(db_url: str, conn: Conn) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("t", {}, key=f"k{i}") for i in range(2000)])
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def switch() -> None:
+        start.wait()
+        try:
+            results.append(use_key_index(db_url, "partial"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=switch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert sorted(results) == [False, True]
+    assert key_index(conn) == "partial"
+
+
 def test_a_switch_that_cannot_lock_the_table_says_so_and_can_be_run_again(
     db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
