@@ -14,7 +14,7 @@ import rota
 from bench.measure import Drain, Latency, spawn, timed_drain, timed_latency
 from bench.server import Server
 from rota import db
-from rota.migrate import use_key_index
+from rota.migrate import describe_key_index, use_key_index
 
 NewDatabase = Callable[[str], str]
 """Creates an empty database with the given name and returns its URL."""
@@ -40,8 +40,6 @@ def fresh(new_database: NewDatabase, name: str) -> str:
         use_key_index(dsn, KEY_INDEX)
     return dsn
 
-
-KEY_INDEX_NAMES = {"constraint": "constraint", "partial": "partial index"}
 
 KEY_INDEX = "constraint"
 """How Rota's databases keep idempotency keys unique (`python -m bench.run --key-index`):
@@ -118,7 +116,8 @@ def drain(
         jobs,
         lambda: start_workers(dsn, processes, concurrency),
         f"concurrency {concurrency} per process (claims into the free slots,"
-        f" and a batch ahead while jobs end fast); keys unique by the {KEY_INDEX_NAMES[KEY_INDEX]}",
+        " and a batch ahead while jobs end fast);"
+        f" keys unique by the {describe_key_index(KEY_INDEX)}",
         server,
     )
 

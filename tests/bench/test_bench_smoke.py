@@ -70,7 +70,10 @@ def test_benchmark_of_rota_alone_produces_every_field(tmp_path: Path, keys: str)
     )
     report = json.loads(out.read_text())
     _check_rota(report)
-    unique_by = {"constraint": "constraint", "partial": "partial index"}[keys]
+    unique_by = {
+        "constraint": "unique constraint job_idempotency_key_key",
+        "partial": "partial unique index job_idempotency_key_idx",
+    }[keys]
     assert f"keys unique by the {unique_by}" in printed
     for goal in report["goals"]:
         assert goal["rota"] is not None
