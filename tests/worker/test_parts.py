@@ -337,3 +337,33 @@ def test_an_idle_worker_claims_on_a_notify_and_stops_without_waiting_for_its_pol
         assert sent["claims"] - before <= 2
         job_id = rota.enqueue(conn, "noop")
         wait_for(lambda: row(conn, job_id)["status"] == "done", 20, "the next job to be done")
+
+
+def test_an_idle_worker_starts_what_it_claimed_before_it_waits_again(
+    conn, db_url, monkeypatch
+) -> None:
+    # An idle worker's claim returns a job: the job's handler takes its first step
+    # before the next waiting claim goes to an I/O thread (handing it over wakes
+    # that thread, which then takes the interpreter from the job's start).
+    events: list[tuple[str, int | None]] = []
+    real_run = Link.run
+
+    async def run(self: Link, fn: Callable[..., Any], *args: Any) -> Any:
+        if getattr(fn, "__name__", "") != "_claim_when_notified":
+            return await real_run(self, fn, *args)
+        events.append(("wait and claim", None))
+        written, jobs = await real_run(self, fn, *args)
+        events.extend(("claimed", job.id) for job in jobs)
+        return written, jobs
+
+    async def note(job: Job) -> None:
+        events.append(("started", job.id))
+
+    monkeypatch.setattr(Link, "run", run)
+    with _running(db_url, _async_handlers(note=note), concurrency=2, poll_interval_seconds=60):
+        wait_for(lambda: ("wait and claim", None) in events, 20, "the worker to wait for work")
+        for _ in range(3):
+            job_id = rota.enqueue(conn, "note")
+            wait_for(lambda j=job_id: row(conn, j)["status"] == "done", 20, "the job to be done")
+            at = events.index(("claimed", job_id))
+            assert events[at + 1 : at + 3] == [("started", job_id), ("wait and claim", None)]

@@ -297,6 +297,12 @@ class ClaimLoop:
                 self.outcomes.carry(False)
                 if not lead:
                     await self._park(s.poll_interval_seconds)
+                elif jobs:
+                    # The attempts just started take their first step before the
+                    # next claim is handed to an I/O thread, whose wake-up would
+                    # take the interpreter from them (a tenth of a millisecond
+                    # of an idle worker's enqueue-to-start time).
+                    await asyncio.sleep(0)
 
     def _claim_when_notified(self, conn: Conn, limit: int) -> tuple[dict[Key, Status], list[Job]]:
         """In the lead lane's I/O thread: wait for a NOTIFY of a job that can run now
