@@ -11,9 +11,16 @@
    two round trips and two commits (serial), or the outcomes of batch N and
    the claim of batch N+1 in one round trip and one commit (psycopg pipeline
    mode), beside the worker and pgqueuer on uvloop in the same run.
+4. The floor under enqueue-to-start latency: jobs enqueued one at a time to
+   a process that does nothing but wait for the NOTIFY on its claim
+   connection, claim with Rota's statement and note the start, beside the
+   worker in alternating rounds; and the same with the claim's commit not
+   waited for (`synchronous_commit=off`, what the durable claim costs; not a
+   setting Rota offers).
 
-    python -m bench.findings [--jobs 20000] [--rounds 2] [--json findings.json]
+    python -m bench.findings [--jobs 20000] [--rounds 2] [--latency-jobs 200] [--json findings.json]
     python -m bench.findings raw-worker DSN --mode serial|pipelined [--custom-plans]
+    python -m bench.findings raw-listener DSN [--claim-not-flushed]
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
+import rota
 from bench import rota_bench
-from bench.measure import Drain, spawn, timed_drain
+from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
 from bench.peers import PgQueuerUvloop, available
 from bench.server import Server
 from rota import sql
@@ -296,6 +304,91 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
                 time.sleep(0.01)
 
 
+# -- 4. the latency floor --------------------------------------------------------
+LATENCY_GAP = 0.015
+"""Seconds between latency jobs, as in `make bench`."""
+
+
+def raw_listener(dsn: str, flushed: bool) -> None:
+    """Until SIGTERM: wait for a NOTIFY on the claim's own connection (or half a
+    second), claim up to 10 jobs with Rota's claim in its own commit, and note
+    each job's start as the benchmark's latency handler does. Nothing else
+    runs: no event loop, no thread hand-off, no lease keeping."""
+    halt = False
+
+    def stop(*_: object) -> None:
+        nonlocal halt
+        halt = True
+
+    signal.signal(signal.SIGTERM, stop)
+    options = "" if flushed else "-c synchronous_commit=off"
+    worker = f"raw:{os.getpid()}"
+    claim_sql = sql.query("claim_jobs")
+    params = {"worker": worker, "limit": 10, "lease": 30, "types": None, "now": None}
+    with psycopg.connect(dsn, autocommit=True, options=options) as conn:
+        conn.execute(sql.query("listen_jobs"))
+        while not halt:
+            for _ in conn.notifies(timeout=0.5, stop_after=1):
+                break
+            for row in conn.execute(claim_sql, params).fetchall():
+                payload = row[2]  # the claim returns a Job's columns: payload third
+                record_start(payload["path"], payload["t"])
+
+
+def _raw_latency(new_database: NewDatabase, jobs: int, flushed: bool) -> Latency:
+    dsn = rota_bench.fresh(new_database, "raw_latency")
+    command = ["-m", "bench.findings", "raw-listener", dsn]
+    if not flushed:
+        command.append("--claim-not-flushed")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return timed_latency(
+            lambda: [spawn(command)],
+            lambda payload: rota.enqueue(conn, "bench.latency", payload),
+            jobs,
+            LATENCY_GAP,
+            "raw listener" + ("" if flushed else ", synchronous_commit=off for its claims"),
+        )
+
+
+LATENCY_SETUPS = ("worker", "raw listener", "raw listener, claim not flushed")
+
+
+def latencies(
+    new_database: NewDatabase, jobs: int, rounds: int, say: Callable[[str], None]
+) -> dict[str, list[Latency]]:
+    """Each setup once a round, the order turning from round to round."""
+    setups: dict[str, Callable[[], Latency]] = {
+        "worker": lambda: rota_bench.latency(new_database, jobs, LATENCY_GAP),
+        "raw listener": lambda: _raw_latency(new_database, jobs, flushed=True),
+        "raw listener, claim not flushed": lambda: _raw_latency(new_database, jobs, False),
+    }
+    found: dict[str, list[Latency]] = {name: [] for name in LATENCY_SETUPS}
+    for round_ in range(rounds):
+        shift = round_ % len(LATENCY_SETUPS)
+        for name in LATENCY_SETUPS[shift:] + LATENCY_SETUPS[:shift]:
+            say(f"round {round_ + 1}: enqueue-to-start latency, {name}")
+            found[name].append(setups[name]())
+    return found
+
+
+def latency_table(found: dict[str, list[Latency]]) -> str:
+    lines = [
+        "| setup | p50 ms (each round) | p99 ms (each round) | enqueue call alone, p50 ms |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def each(values: list[float]) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    for name, runs in found.items():
+        enqueue = [r.enqueue_p50_ms for r in runs if r.enqueue_p50_ms is not None]
+        lines.append(
+            f"| {name} | {each([r.p50_ms for r in runs])} | {each([r.p99_ms for r in runs])} "
+            f"| {each(enqueue)} |"
+        )
+    return "\n".join(lines)
+
+
 # -- the whole run -------------------------------------------------------------
 def _median(drains: list[Drain], attr: str) -> float | None:
     values = [getattr(d, attr) for d in drains if getattr(d, attr) is not None]
@@ -364,15 +457,27 @@ def main(argv: list[str] | None = None) -> int:
         w = worker.parse_args(argv[1:])
         raw_worker(w.dsn, w.mode, w.custom_plans, w.batch)
         return 0
+    if argv[:1] == ["raw-listener"]:
+        listener = argparse.ArgumentParser(prog="python -m bench.findings raw-listener")
+        listener.add_argument("dsn")
+        listener.add_argument("--claim-not-flushed", action="store_true")
+        args_ = listener.parse_args(argv[1:])
+        raw_listener(args_.dsn, flushed=not args_.claim_not_flushed)
+        return 0
     parser = argparse.ArgumentParser(prog="python -m bench.findings", description=__doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--done-rows", type=int, default=200_000, help="for the plans")
     parser.add_argument("--skip-drains", action="store_true")
+    parser.add_argument(
+        "--latency-jobs", type=int, default=200, help="jobs per latency round (0: none)"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.rounds < 1 or args.done_rows < 0:
-        parser.error("--jobs and --rounds must be positive, --done-rows not negative")
+    if args.jobs < 1 or args.rounds < 1 or args.done_rows < 0 or args.latency_jobs < 0:
+        parser.error(
+            "--jobs and --rounds must be positive, --done-rows and --latency-jobs not negative"
+        )
     logging.basicConfig(level=logging.WARNING)
 
     from rota.testing import EmbeddedPostgres
@@ -396,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
                     for name, bp in found.items()
                 }
                 report["drain_table"] = drain_table(found)
+            if args.latency_jobs:
+                waits = latencies(new_database, args.latency_jobs, args.rounds, say)
+                report["latency"] = {
+                    name: [dataclasses.asdict(r) for r in runs] for name, runs in waits.items()
+                }
+                report["latency_table"] = latency_table(waits)
         finally:
             server.close()
     report["load_average_at_end"] = list(os.getloadavg())
@@ -423,6 +534,9 @@ def _print(report: dict[str, Any]) -> None:
     if "drain_table" in report:
         print()
         print(report["drain_table"])
+    if "latency_table" in report:
+        print(f"\nenqueue-to-start, one job every {LATENCY_GAP * 1000:g} ms to an idle process")
+        print(report["latency_table"])
     print(f"\nload average at the end: {report['load_average_at_end']}")
 
 

@@ -128,8 +128,21 @@ def test_load_soak_refuses_a_bad_rate() -> None:
 
 def test_plan_findings_show_every_hot_statement(tmp_path: Path) -> None:
     out = tmp_path / "findings.json"
-    run_module("bench.findings", "--skip-drains", "--done-rows", "0", "--json", str(out))
-    plans = json.loads(out.read_text())["plans"]
+    run_module(
+        "bench.findings", "--skip-drains", "--done-rows", "0", "--latency-jobs", "3",
+        "--rounds", "1", "--json", str(out),
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    # The latency floor: the worker beside a bare listener, with and without a
+    # flushed claim, each with the enqueue call's own time.
+    assert set(report["latency"]) == {
+        "worker", "raw listener", "raw listener, claim not flushed",
+    }  # fmt: skip
+    for runs in report["latency"].values():
+        assert [r["jobs"] for r in runs] == [3]
+        assert runs[0]["p50_ms"] > 0 and runs[0]["enqueue_p50_ms"] > 0
+    assert "| raw listener |" in report["latency_table"]
+    plans = report["plans"]
     for name in ("claim_jobs", "extend_leases", "write_outcomes"):
         entry = plans[name]
         assert "Update on job" in entry["generic_plan"]
