@@ -367,3 +367,55 @@ def test_an_idle_worker_starts_what_it_claimed_before_it_waits_again(
             wait_for(lambda j=job_id: row(conn, j)["status"] == "done", 20, "the job to be done")
             at = events.index(("claimed", job_id))
             assert events[at + 1 : at + 3] == [("started", job_id), ("wait and claim", None)]
+
+
+def test_an_idle_workers_claim_runs_on_its_lanes_generic_plans(conn, db_url, monkeypatch) -> None:
+    # The claim an idle worker sends on its own runs in a session whose plans are
+    # generic (rota.claim.use_generic_plans), not planned afresh on every call.
+    modes: list[str] = []
+    real = claims.claim
+
+    def claim(c: psycopg.Connection[Any], *args: Any, **kwargs: Any) -> Any:
+        modes.append(c.execute("SHOW plan_cache_mode").fetchone()["plan_cache_mode"])
+        return real(c, *args, **kwargs)
+
+    monkeypatch.setattr(claims, "claim", claim)
+    with _running(
+        db_url, _async_handlers(noop=_noop), concurrency=2, poll_interval_seconds=60
+    ) as worker:
+        wait_for(lambda: worker.claims.ready, 20, "the first claim")
+        for _ in range(2):
+            job_id = rota.enqueue(conn, "noop")  # its NOTIFY wakes the idle claim
+            wait_for(lambda j=job_id: row(conn, j)["status"] == "done", 20, "the job to be done")
+    assert modes and set(modes) == {"force_generic_plan"}
+
+
+def test_a_links_setup_runs_on_every_connection_it_opens(conn, db_url, io) -> None:
+    # After an outage a link opens a new connection: it gets the setup again, and
+    # a connection whose setup failed is closed, never used without it.
+    opened: list[int] = []
+
+    def setup(c: psycopg.Connection[Any]) -> None:
+        opened.append(c.info.backend_pid)
+        if len(opened) == 2:
+            raise DatabaseUnavailable("database unavailable: gone during the setup")
+        claims.use_generic_plans(c)
+
+    def mode(c: psycopg.Connection[Any]) -> tuple[int, str]:
+        return c.info.backend_pid, c.execute("SHOW plan_cache_mode").fetchone()["plan_cache_mode"]
+
+    async def main() -> list[tuple[int, str]]:
+        link = Link(db_url, "claim", io, setup=setup)
+        seen = [await link.run(mode)]
+        link.close()  # as after a call that found the database gone
+        with pytest.raises(DatabaseUnavailable):
+            await link.run(mode)
+        seen.append(await link.run(mode))
+        link.close()
+        return seen
+
+    seen = asyncio.run(main())
+    assert [pid for pid, _ in seen] == [opened[0], opened[2]]
+    assert [m for _, m in seen] == ["force_generic_plan"] * 2
+    alive = "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s"
+    wait_for(lambda: conn.execute(alive, (opened[1],)).fetchone()["n"] == 0, 20, "it to close")
