@@ -47,7 +47,6 @@ from bench import rota_bench
 from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
 from bench.peers import PgQueuerUvloop, available
 from bench.server import Server
-from rota import claim as claims
 from rota import sql
 
 HOT = ("claim_jobs", "extend_leases", "write_outcomes")
@@ -313,8 +312,7 @@ LATENCY_GAP = 0.015
 def raw_listener(dsn: str, flushed: bool) -> None:
     """Until SIGTERM: wait for a NOTIFY on the claim's own connection (or half a
     second), claim up to 10 jobs with Rota's claim in its own commit, and note
-    each job's start as the benchmark's latency handler does. The claim's
-    session plans generically, as the worker's claim lanes do. Nothing else
+    each job's start as the benchmark's latency handler does. Nothing else
     runs: no event loop, no thread hand-off, no lease keeping."""
     halt = False
 
@@ -328,7 +326,6 @@ def raw_listener(dsn: str, flushed: bool) -> None:
     claim_sql = sql.query("claim_jobs")
     params = {"worker": worker, "limit": 10, "lease": 30, "types": None, "now": None}
     with psycopg.connect(dsn, autocommit=True, options=options) as conn:
-        claims.use_generic_plans(conn)  # as the worker's claim lanes
         conn.execute(sql.query("listen_jobs"))
         while not halt:
             for _ in conn.notifies(timeout=0.5, stop_after=1):

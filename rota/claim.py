@@ -203,23 +203,6 @@ SET LOCAL ends with the transaction: the session, pooled or not, keeps its own
 setting, and every other statement is planned as before."""
 
 
-def use_generic_plans(conn: Conn) -> None:
-    """Plan this session's prepared statements generically, for as long as it lasts.
-
-    For a connection that runs only the hot statements, every one of them on
-    its generic plan (tests/integration/test_plans.py): a worker's claim lanes.
-    An idle worker's claim is a statement of its own, and with SET LOCAL it
-    would need a transaction around it, a dearer round trip than the planning
-    it saves; planned afresh on every call (PostgreSQL keeps choosing custom
-    plans for it, as for the steady claim), it took about 0.35 ms of each idle
-    claim, a tenth of an idle worker's enqueue-to-start time. A session
-    setting reaches whatever else the session runs: a connection shared
-    through a transaction pooler must not be given it.
-    """
-    with errors_wrapped():
-        conn.execute(b"SET plan_cache_mode = force_generic_plan")
-
-
 def extend_leases(
     conn: Conn,
     worker_id: str,

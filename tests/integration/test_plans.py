@@ -294,18 +294,3 @@ def test_the_steady_claim_runs_its_generic_plan_within_its_own_transaction(backl
         assert steady["generic_plans"] >= 1, steady
         row = c.execute("SHOW plan_cache_mode").fetchone()
         assert row is not None and row["plan_cache_mode"] == "auto"
-
-
-def test_a_claim_lanes_session_runs_every_claim_on_its_generic_plan(backlog: str) -> None:
-    # A worker's claim lanes plan generically for the whole session: an idle
-    # worker's claim, a statement of its own, is no longer planned on every call,
-    # and what else a lane runs (its own running rows, after a claim whose
-    # answer was lost) is keyed on its generic plan too.
-    with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
-        claims.use_generic_plans(c)
-        for _ in range(RUNS):
-            _claimed(c)
-        counts = _prepared(c, "Select, lock and mark")
-        assert counts == {"generic_plans": RUNS - 5, "custom_plans": 0}, counts
-        _assert_keyed(_generic_plan(c, "running_of_worker"))
-        assert len(claims.running_of(c, WORKER)) == RUNS * BATCH

@@ -24,38 +24,20 @@ T = TypeVar("T")
 
 
 class Link:
-    def __init__(
-        self,
-        dsn: str,
-        name: str,
-        io: ThreadPoolExecutor,
-        setup: Callable[[db.Conn], object] | None = None,
-    ) -> None:
+    def __init__(self, dsn: str, name: str, io: ThreadPoolExecutor) -> None:
         self.dsn = dsn
         self.name = name
         self._io = io
-        self._setup = setup
-        """Run on every connection this link opens, before its first call."""
         self._conn: db.Conn | None = None
 
     def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if self._conn is None or self._conn.closed:
-            self._conn = self._open()
+            self._conn = db.connect(self.dsn, application_name=f"rota-worker-{self.name}")
         try:
             return fn(self._conn, *args)
         except DatabaseUnavailable:
             self.close()
             raise
-
-    def _open(self) -> db.Conn:
-        conn = db.connect(self.dsn, application_name=f"rota-worker-{self.name}")
-        if self._setup is not None:
-            try:
-                self._setup(conn)
-            except BaseException:
-                conn.close()  # never used without its setup
-                raise
-        return conn
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(connection, *args)`` on the I/O pool."""

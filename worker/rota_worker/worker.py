@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from rota import workers
-from rota.claim import Attempt, use_generic_plans
+from rota.claim import Attempt
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
@@ -115,13 +115,8 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stop_now)
         io = ThreadPoolExecutor(max_workers=5, thread_name_prefix="rota-io")
-        # The claim lanes run only hot statements: all of them on generic plans.
-        links = {
-            "claim": Link(self.dsn, "claim", io, setup=use_generic_plans),
-            "claim-ahead": Link(self.dsn, "claim-ahead", io, setup=use_generic_plans),
-            "flush": Link(self.dsn, "flush", io),
-            "heartbeat": Link(self.dsn, "heartbeat", io),
-        }
+        names = ("claim", "claim-ahead", "flush", "heartbeat")
+        links = {name: Link(self.dsn, name, io) for name in names}
         listener = Listener(self.dsn, self.claims.jobs_notified)
         listener.start()
         probes = self._serve_probes()
