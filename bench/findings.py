@@ -34,6 +34,7 @@ import re
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,7 @@ import rota
 from bench import rota_bench
 from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
 from bench.peers import PgQueuerUvloop, available
+from bench.run import Plan
 from bench.server import Server
 from rota import sql
 
@@ -267,6 +269,13 @@ def raw_drain(
     )
 
 
+def _halted_by_sigterm() -> threading.Event:
+    """Set when this process gets SIGTERM (how the benchmark stops its workers)."""
+    halt = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: halt.set())
+    return halt
+
+
 def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
     """Claim `batch` no-op jobs, "run" them, write their outcomes; until SIGTERM.
 
@@ -274,20 +283,14 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
     commits per batch. pipelined: the outcomes of the batch just run and the
     next claim are sent together and committed once: one round trip.
     """
-    halt = False
-
-    def stop(*_: object) -> None:
-        nonlocal halt
-        halt = True
-
-    signal.signal(signal.SIGTERM, stop)
+    halt = _halted_by_sigterm()
     worker = f"raw:{os.getpid()}"
     options = "-c plan_cache_mode=force_custom_plan" if custom else ""
     claim_params = {"worker": worker, "limit": batch, "lease": 30, "types": None, "now": None}
     claim_sql, finish_sql = sql.query("claim_jobs"), sql.query("write_outcomes")
     with psycopg.connect(dsn, options=options, autocommit=(mode == "serial")) as conn:
         held: list[tuple[int, int]] = []
-        while not halt:
+        while not halt.is_set():
             if mode == "serial":
                 if held:
                     conn.execute(finish_sql, _finish_params(held, worker))
@@ -305,8 +308,8 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
 
 
 # -- 4. the latency floor --------------------------------------------------------
-LATENCY_GAP = 0.015
-"""Seconds between latency jobs, as in `make bench`."""
+LATENCY_GAP = Plan.gap
+"""Seconds between latency jobs: those of `make bench`'s latency rounds."""
 
 
 def raw_listener(dsn: str, flushed: bool) -> None:
@@ -314,20 +317,14 @@ def raw_listener(dsn: str, flushed: bool) -> None:
     second), claim up to 10 jobs with Rota's claim in its own commit, and note
     each job's start as the benchmark's latency handler does. Nothing else
     runs: no event loop, no thread hand-off, no lease keeping."""
-    halt = False
-
-    def stop(*_: object) -> None:
-        nonlocal halt
-        halt = True
-
-    signal.signal(signal.SIGTERM, stop)
+    halt = _halted_by_sigterm()
     options = "" if flushed else "-c synchronous_commit=off"
     worker = f"raw:{os.getpid()}"
     claim_sql = sql.query("claim_jobs")
     params = {"worker": worker, "limit": 10, "lease": 30, "types": None, "now": None}
     with psycopg.connect(dsn, autocommit=True, options=options) as conn:
         conn.execute(sql.query("listen_jobs"))
-        while not halt:
+        while not halt.is_set():
             for _ in conn.notifies(timeout=0.5, stop_after=1):
                 break
             for row in conn.execute(claim_sql, params).fetchall():
@@ -470,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--done-rows", type=int, default=200_000, help="for the plans")
     parser.add_argument("--skip-drains", action="store_true")
     parser.add_argument(
-        "--latency-jobs", type=int, default=200, help="jobs per latency round (0: none)"
+        "--latency-jobs",
+        type=int,
+        default=Plan.latency_jobs,
+        help=f"jobs per latency round ({Plan.latency_jobs}; 0: none)",
     )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
