@@ -85,7 +85,12 @@ def require_current(conn_or_dsn: ConnOrDsn) -> None:
         )
 
 
-KEY_INDEXES = ("constraint", "partial")
+_DESCRIBED = {
+    "constraint": "unique constraint job_idempotency_key_key",
+    "partial": "partial unique index job_idempotency_key_idx",
+}
+
+KEY_INDEXES = tuple(_DESCRIBED)
 """How idempotency keys are kept unique (`rota migrate --key-index`).
 
 constraint: the schema's unique constraint, job_idempotency_key_key (the
@@ -149,12 +154,6 @@ def use_key_index(conn_or_dsn: ConnOrDsn, kind: str) -> bool:
     if changed:
         log.info("idempotency keys are now kept unique by the %s", _DESCRIBED[kind])
     return changed
-
-
-_DESCRIBED = {
-    "constraint": "unique constraint job_idempotency_key_key",
-    "partial": "partial unique index job_idempotency_key_idx",
-}
 
 
 def describe_key_index(kind: str) -> str:
