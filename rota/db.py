@@ -30,8 +30,16 @@ def is_unavailable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return True
-    # The server going away mid-statement (admin shutdown, crash recovery).
-    return isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CrashShutdown)
+    # The server going away mid-statement (admin shutdown, crash recovery), or
+    # taking no writes for now: a primary fenced or demoted in a failover, a
+    # standby reached through the URL (25006). Writes wait and try again, on a
+    # new connection, as for a server that went away.
+    return isinstance(
+        exc,
+        psycopg.errors.AdminShutdown
+        | psycopg.errors.CrashShutdown
+        | psycopg.errors.ReadOnlySqlTransaction,
+    )
 
 
 @contextlib.contextmanager

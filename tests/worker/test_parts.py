@@ -14,11 +14,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
 
 import rota
 from rota import claim as claims
 from rota.claim import Attempt
-from rota.errors import DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome
 from rota.reaper import Reaper
@@ -133,6 +135,44 @@ def test_the_keeper_extends_held_leases_and_stops_lost_and_cancelled_ones(conn, 
     assert executions[ids[1]].job.cancelled.is_set()
     assert row(conn, ids[0])["locked_until"] > row(conn, ids[0])["started_at"] + _seconds(500)
     assert len(keeper) == 3  # held until their outcomes are settled
+
+
+def test_a_refused_heartbeat_stops_nothing_and_the_next_one_extends(conn, db_url, io) -> None:
+    # The heartbeat's statement refused (its role has no grant on rota.job here):
+    # the keeper logs it and goes on, every attempt held and running; the
+    # heartbeat loop does not end on it, and the next one that is let through
+    # extends the leases.
+    role = f"{conn.info.dbname}_no_grants"  # roles are the server's: one per test database
+    conn.execute(pgsql.SQL("CREATE ROLE {}").format(pgsql.Identifier(role)))
+    rota.enqueue(conn, "t")
+    (job,) = claims.claim(conn, "w", 1, 30)
+    keeper = LeaseKeeper("w", lease_seconds=600)
+    refused_url = make_conninfo(db_url, options=f"-c role={role}")
+
+    async def scenario() -> Execution:
+        execution = Execution(job)
+        execution.task = asyncio.create_task(asyncio.sleep(3600))
+        keeper.hold(execution)
+        refused, allowed = Link(refused_url, "heartbeat", io), Link(db_url, "heartbeat", io)
+        try:
+            await keeper.beat(refused)
+            assert execution.stopped is None and not execution.task.done()
+            claimed = row(conn, job.id)
+            assert claimed["locked_until"] < claimed["started_at"] + _seconds(60)  # not extended
+            await keeper.beat(allowed)
+        finally:
+            refused.close()
+            allowed.close()
+            execution.task.cancel()
+            await asyncio.gather(execution.task, return_exceptions=True)
+        return execution
+
+    try:
+        execution = asyncio.run(scenario())
+    finally:
+        conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
+    assert execution.stopped is None
+    assert row(conn, job.id)["locked_until"] > row(conn, job.id)["started_at"] + _seconds(500)
 
 
 def _seconds(n: float) -> Any:
@@ -272,6 +312,49 @@ def test_a_claim_whose_outcomes_are_refused_goes_on_without_them(conn, db_url, m
         wait_for(lambda: worker.outcomes.unsettled == 0, what="every outcome to be settled")
         bad = conn.execute("SELECT status, last_error FROM rota.job WHERE type = 'nul'").fetchone()
         assert bad == {"status": "running", "last_error": None}  # left to its lease
+
+
+def test_a_refused_claim_waits_and_tries_again_while_running_attempts_finish(
+    conn, db_url, monkeypatch
+) -> None:
+    # The database refuses claims for a while (not an outage: a grant taken back,
+    # say). The worker stays up and not ready, the attempt already running ends
+    # and its outcome is written meanwhile, and claims resume once allowed.
+    refusing = threading.Event()
+    refusals = {"n": 0}
+
+    def refused_while(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if refusing.is_set():
+                refusals["n"] += 1
+                raise DatabaseError("InsufficientPrivilege: permission denied for table job")
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(claims, "claim", refused_while(claims.claim))
+    monkeypatch.setattr(claims, "write_and_claim", refused_while(claims.write_and_claim))
+    gate = threading.Event()
+
+    async def gated(job: Job) -> None:
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+
+    first_job = rota.enqueue(conn, "gated")
+    with _running(
+        db_url, _async_handlers(gated=gated, noop=_noop), concurrency=2, reconnect_max_seconds=0.2
+    ) as worker:
+        wait_for(lambda: row(conn, first_job)["status"] == "running", 20, "the first job to run")
+        refusing.set()
+        later = rota.enqueue(conn, "noop")
+        wait_for(lambda: refusals["n"] >= 2 and not worker.claims.ready, 20, "claims refused")
+        gate.set()
+        wait_for(lambda: row(conn, first_job)["status"] == "done", 20, "the running job's outcome")
+        assert row(conn, later)["status"] == "ready"  # nothing claimed while refused
+        refusing.clear()
+        wait_for(lambda: row(conn, later)["status"] == "done", 20, "claims to resume")
+        assert worker.claims.ready
+    assert [row(conn, i)["attempts"] for i in (first_job, later)] == [1, 1]
 
 
 def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(

@@ -211,6 +211,7 @@ class ClaimLoop:
         backoff = Backoff(most=self.settings.reconnect_max_seconds)
         s = self.settings
         idle = False  # this lane's last claim found the queue empty
+        refused = False  # the database refused this lane's last claim
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             self.give_back_stale(self.last_tick)
@@ -240,10 +241,12 @@ class ClaimLoop:
                 await self._park(AHEAD_MAX_WAIT_SECONDS if self.waiting else None)
                 continue
             # An idle lead lane's claim waits for a NOTIFY in its I/O thread and
-            # carries no outcomes: the buffer writes them meanwhile.
+            # carries no outcomes: the buffer writes them meanwhile. So does a
+            # claim after one the database refused, which may be refused again.
             waits = lead and idle
-            self.outcomes.carry(not waits)
-            batch = [] if waits else self.outcomes.take()
+            alone = waits or refused
+            self.outcomes.carry(not alone)
+            batch = [] if alone else self.outcomes.take()
             if not waits:
                 self.jobs_notified.clear()
             self._requested += free
@@ -269,8 +272,16 @@ class ClaimLoop:
                 await self._wait_after(exc, backoff)
                 continue
             except DatabaseError as exc:
-                if not batch:  # the claim alone was refused: nothing to save
-                    raise
+                if not batch:
+                    # The claim alone was refused: the worker's role lost a
+                    # grant, say. Attempts running go on and the buffer writes
+                    # their outcomes; claims wait, not ready, and try again.
+                    self.outcomes.carry(False)
+                    self.ready = False
+                    idle = False
+                    refused = True
+                    await self._wait_after(exc, backoff, logging.ERROR)
+                    continue
                 # Perhaps one outcome the database cannot take: the buffer writes
                 # them one at a time, and this lane claims without them.
                 self.outcomes.refused(batch, exc)
@@ -283,6 +294,7 @@ class ClaimLoop:
                 self._requested -= free
                 self._lead_idle = False
             self.ready = True
+            refused = False
             backoff.reset()
             for job in jobs:
                 self.waiting.append(self._hold(job))
@@ -316,10 +328,16 @@ class ClaimLoop:
         s = self.settings
         return {}, claims.claim(conn, s.worker_id, limit, s.lease_seconds, self.types)
 
-    async def _wait_after(self, exc: DatabaseUnavailable, backoff: Backoff) -> None:
-        """The database is away: wait the next backoff step (or until the worker stops)."""
+    async def _wait_after(
+        self,
+        exc: DatabaseUnavailable | DatabaseError,
+        backoff: Backoff,
+        level: int = logging.WARNING,
+    ) -> None:
+        """The database is away (or refused the claim): wait the next backoff step
+        (or until the worker stops)."""
         delay = backoff.next()
-        log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+        log.log(level, "claim failed (%s); retrying in %.1fs", exc, delay)
         await first(self._stopping, timeout=delay)
 
     async def _give_back_lost_claim(self, link: Link) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from rota import claim as claims
-from rota.errors import DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable
 from rota_worker.execute import Execution, Stop
 from rota_worker.link import Link
 
@@ -54,6 +54,11 @@ class LeaseKeeper:
             leases = await link.run(claims.extend_leases, self.worker_id, held, self.lease_seconds)
         except DatabaseUnavailable as exc:
             log.warning("heartbeat failed (%s); leases run on until the next one", exc)
+            return
+        except DatabaseError as exc:
+            # Refused, not away (a grant taken back, say): the next heartbeat
+            # tries again; one that never succeeds lets the leases expire.
+            log.error("heartbeat refused (%s); leases run on until the next one", exc)
             return
         kept = {(lease.job_id, lease.attempts): lease for lease in leases}
         for key in held:
