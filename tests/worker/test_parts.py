@@ -362,9 +362,18 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
 ) -> None:
     # The database committed the claim, then the connection broke before its
     # answer arrived: the jobs run under this worker's name and nobody holds them.
-    # They are given back, attempt not counted, without waiting for their lease.
+    # They are given back, attempt not counted, without waiting for their lease;
+    # the first look for them is refused (not an outage), and tried again.
     real = claims.write_and_claim
+    real_running_of = claims.running_of
     lost: list[int] = []
+    looks: list[str] = []
+
+    def refused_once(*args: Any, **kwargs: Any) -> Any:
+        looks.append("refused" if not looks else "answered")
+        if len(looks) == 1:
+            raise DatabaseError("InsufficientPrivilege: permission denied for table job")
+        return real_running_of(*args, **kwargs)
 
     def answer_lost(*args: Any, **kwargs: Any) -> Any:
         written, jobs = real(*args, **kwargs)
@@ -374,11 +383,13 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
         return written, jobs
 
     monkeypatch.setattr(claims, "write_and_claim", answer_lost)
+    monkeypatch.setattr(claims, "running_of", refused_once)
     ids = rota.enqueue_many(conn, [rota.NewJob("noop") for _ in range(6)])
     with _running(db_url, _async_handlers(noop=_noop), concurrency=2):
         every = "SELECT count(*) AS n FROM rota.job WHERE status = 'done'"
         wait_for(lambda: conn.execute(every).fetchone()["n"] == 6, timeout=20, what="all done")
     assert lost
+    assert looks[:2] == ["refused", "answered"]
     done = [row(conn, i) for i in ids]
     assert [(r["attempts"], r["releases"]) for r in done] == [(1, 0)] * 6  # a release resets
 

@@ -224,6 +224,9 @@ class ClaimLoop:
                 except DatabaseUnavailable as exc:
                     await self._wait_after(exc, backoff)
                     continue
+                except DatabaseError as exc:  # refused: tried again, as a refused claim
+                    await self._wait_after(exc, backoff, logging.ERROR)
+                    continue
             if not lead and not (self.claiming_ahead and self._requested and not self._lead_idle):
                 # The second lane claims only ahead of fast jobs, beside a claim in
                 # flight on the first (so an idle worker polls on one lane).
