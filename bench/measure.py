@@ -24,7 +24,7 @@ from typing import IO
 
 import psycopg
 
-from bench.server import Server
+from bench.server import Server, cpu_seconds_of
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository: worker processes run here so `bench.*` modules import."""
@@ -52,10 +52,22 @@ class Drain:
     vacuum_cpu_seconds: float | None = None
     """PostgreSQL's CPU for a VACUUM of the drained database, run after the drain."""
     vacuum_wal_bytes: int | None = None
+    worker_cpu_seconds: float | None = None
+    """The worker processes' own CPU (every thread) from the first progress seen to
+    the last job done, their start (imports, connecting) left out; from spawning
+    them, for a queue found empty at the first look."""
+    worker_jobs: int | None = None
+    """The jobs done over that span (those left at the first progress, or all)."""
 
     @property
     def cpu_seconds_per_1000_jobs(self) -> float | None:
         return self._per_job(self.server_cpu_seconds, 1000)
+
+    @property
+    def worker_cpu_seconds_per_1000_jobs(self) -> float | None:
+        if self.worker_cpu_seconds is None or not self.worker_jobs:
+            return None
+        return 1000 * self.worker_cpu_seconds / self.worker_jobs
 
     @property
     def wal_bytes_per_job(self) -> float | None:
@@ -196,7 +208,9 @@ def timed_drain(
     with psycopg.connect(dsn, autocommit=True) as conn:
         spawned = time.perf_counter()
         processes = start()
+        pids = [p.pid for p in processes]
         first: tuple[float, int] | None = None
+        cpu_at_first = cpu_at_end = 0.0
         try:
             while True:
                 now = time.perf_counter()
@@ -204,7 +218,9 @@ def timed_drain(
                 polls += 1
                 if first is None and left < jobs:
                     first = (now, left)
+                    cpu_at_first = cpu_seconds_of(pids)
                 if left == 0:
+                    cpu_at_end = cpu_seconds_of(pids)
                     break
                 if now - spawned > timeout:
                     raise RuntimeError(f"drain did not finish in {timeout}s ({left} left)")
@@ -218,19 +234,27 @@ def timed_drain(
     assert first is not None
     since, left_then = first
     rate = left_then / max(now - since, 1e-9) if left_then else jobs / max(now - spawned, 1e-9)
-    if server is None or after is None:
-        return Drain(jobs, len(processes), rate, now - spawned, settings)
-    server.settled(database)
-    commits = server.commits(database) - commits_before - polls
-    vacuum_before = server.read()
-    vacuum(dsn)
-    vacuum_after = server.read()
-    return Drain(
+    # A queue emptied before the first look (tiny counts): the whole run, start included.
+    worker_cpu = cpu_at_end - cpu_at_first if left_then else cpu_at_end
+    worker_jobs = left_then or jobs
+    drain = Drain(
         jobs,
         len(processes),
         rate,
         now - spawned,
         settings,
+        worker_cpu_seconds=worker_cpu,
+        worker_jobs=worker_jobs,
+    )
+    if server is None or after is None:
+        return drain
+    server.settled(database)
+    commits = server.commits(database) - commits_before - polls
+    vacuum_before = server.read()
+    vacuum(dsn)
+    vacuum_after = server.read()
+    return dataclasses.replace(
+        drain,
         server_cpu_seconds=after.cpu_seconds - before.cpu_seconds,
         wal_bytes=after.wal_lsn - before.wal_lsn,
         commits=commits,

@@ -242,6 +242,20 @@ METRICS = [
         False,
         3,
     ),
+    Metric(
+        "worker_cpu1",
+        "worker CPU s per 1,000 jobs, 1 process",
+        _field("drain1", "worker_cpu_seconds_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric(
+        "worker_cpu2",
+        "worker CPU s per 1,000 jobs, 2 processes",
+        _field("drain2", "worker_cpu_seconds_per_1000_jobs"),
+        False,
+        3,
+    ),
     Metric("wal1", "WAL bytes per job, 1 process", _field("drain1", "wal_bytes_per_job"), False),
     Metric("wal2", "WAL bytes per job, 2 processes", _field("drain2", "wal_bytes_per_job"), False),
     Metric(
@@ -446,6 +460,7 @@ def _jsonable(value: Any) -> Any:
         return {
             **dataclasses.asdict(value),
             "cpu_seconds_per_1000_jobs": value.cpu_seconds_per_1000_jobs,
+            "worker_cpu_seconds_per_1000_jobs": value.worker_cpu_seconds_per_1000_jobs,
             "wal_bytes_per_job": value.wal_bytes_per_job,
             "commits_per_job": value.commits_per_job,
         }

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,17 @@ def server_cpu_seconds(postmaster: int) -> float:
         fields = _stat(int(entry.name))
         if fields is not None and int(fields[1]) == postmaster:
             ticks += sum(int(x) for x in fields[11:15])
+    return ticks / _TICKS
+
+
+def cpu_seconds_of(pids: Iterable[int]) -> float:
+    """CPU seconds some live processes have used so far, every thread of each (0 for a
+    process already gone): what the workers of a drain spend on their side."""
+    ticks = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            ticks += int(fields[11]) + int(fields[12])
     return ticks / _TICKS
 
 

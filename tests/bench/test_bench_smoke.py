@@ -56,6 +56,7 @@ def _check_rota(report: dict[str, Any]) -> None:
         assert drain["processes"] == 2 and drain["jobs"] == report["plan"]["jobs"]
         assert drain["server_cpu_seconds"] is not None and drain["server_cpu_seconds"] >= 0
         assert drain["wal_bytes"] > 0 and drain["commits"] > 0
+        assert drain["worker_cpu_seconds_per_1000_jobs"] > 0
     assert report["about"]["postgres"]
     round_trips = report["about"]["select_1_ms"]
     assert round_trips["back_to_back"] > 0 and round_trips["after_latency_gap"] > 0
