@@ -257,8 +257,9 @@ def _schedule_rows(status: QueueStatus) -> list[tuple[str, ...]]:
     return rows
 
 
-def render(status: QueueStatus, found: Sequence[str] = ()) -> str:
-    """The status as text: a table per type, lease expirations, schedules, warnings."""
+def render(status: QueueStatus, found: Sequence[str] = (), keys: str | None = None) -> str:
+    """The status as text: a table per type, lease expirations, schedules, warnings;
+    with `keys`, how idempotency keys are kept unique (rota.migrate.describe_key_index)."""
     parts = [f"Rota status at {status.now.isoformat()}\n\n"]
     parts.append(_table(_type_rows(status)) if status.types else "No jobs.\n")
     leases = status.lease_expirations
@@ -268,6 +269,8 @@ def render(status: QueueStatus, found: Sequence[str] = ()) -> str:
         f"{leases.total} in all\n"
     )
     parts.append(f"Workers alive: {status.workers}\n")
+    if keys is not None:
+        parts.append(f"Idempotency keys: {keys}\n")
     if "*" in status.paused:
         parts.append("\nEvery job type is PAUSED (rota resume --all lifts it)\n")
     if status.schedules:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rota.cli.common import UsageError, database_url, parse_duration, print_json
+from rota.errors import MigrationError
+from rota.migrate import describe_key_index, key_index
 from rota.status import read_status, render, warnings
 
 _CLEAR = "\033[H\033[J"
@@ -62,7 +64,14 @@ def run(args: argparse.Namespace) -> int:
         """The JSON document, or the text, of the status now."""
         status = read_status(dsn)
         found = warnings(status, max_age, args.max_lease_expirations)
-        return {**status.to_json(), "warnings": found} if args.json else render(status, found)
+        try:
+            keys: str | None = key_index(dsn)
+        except MigrationError as exc:  # no unique index on the key: a switch went wrong
+            keys = None
+            found.append(str(exc))
+        if args.json:
+            return {**status.to_json(), "key_index": keys, "warnings": found}
+        return render(status, found, describe_key_index(keys) if keys else "none")
 
     if args.watch is None:
         shown = snapshot()

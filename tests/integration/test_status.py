@@ -8,6 +8,7 @@ import pytest
 
 from rota.cli import main
 from rota.cli.status import watch
+from rota.migrate import use_key_index
 from rota.status import format_age
 
 
@@ -93,6 +94,25 @@ def test_an_empty_queue_has_no_warnings(db_url, monkeypatch, capsys):
     monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
     assert main(["status"]) == 0
     assert "No warnings." in capsys.readouterr().out
+
+
+def test_it_says_how_idempotency_keys_are_kept_unique(conn, db_url, monkeypatch, capsys):
+    monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
+    assert main(["status"]) == 0
+    assert (
+        "Idempotency keys: unique constraint job_idempotency_key_key\n" in capsys.readouterr().out
+    )
+    use_key_index(db_url, "partial")
+    assert main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["key_index"] == "partial"
+    # No unique index at all (a switch undone by hand): said, and warned about.
+    conn.execute("DROP INDEX rota.job_idempotency_key_idx")
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "Idempotency keys: none\n" in out
+    assert "! rota.job has no unique index on idempotency_key" in out
+    assert main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["key_index"] is None
 
 
 def test_watch_redraws_each_round(busy_db, capsys):
