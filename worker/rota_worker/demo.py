@@ -20,6 +20,7 @@ from typing import Any
 
 import rota
 from rota import schedule_store
+from rota.migrate import describe_key_index, key_index
 from rota.status import read_status, render, warnings
 from rota.testing import EmbeddedPostgres
 from rota_worker.settings import WorkerSettings
@@ -72,7 +73,7 @@ def _seed(dsn: str) -> None:
 
 def _status(dsn: str) -> str:
     status = read_status(dsn)
-    return render(status, warnings(status, 60.0, 10))
+    return render(status, warnings(status, 60.0, 10), describe_key_index(key_index(dsn)))
 
 
 def _start_console(dsn: str) -> tuple[str, Any]:
