@@ -43,7 +43,6 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-import rota
 from bench import rota_bench
 from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
 from bench.peers import PgQueuerUvloop, available
@@ -340,14 +339,11 @@ def _raw_latency(new_database: NewDatabase, jobs: int, flushed: bool) -> Latency
     with psycopg.connect(dsn, autocommit=True) as conn:
         return timed_latency(
             lambda: [spawn(command)],
-            lambda payload: rota.enqueue(conn, "bench.latency", payload),
+            lambda payload: rota_bench.enqueue_latency_job(conn, payload),
             jobs,
             LATENCY_GAP,
             "raw listener" + ("" if flushed else ", synchronous_commit=off for its claims"),
         )
-
-
-LATENCY_SETUPS = ("worker", "raw listener", "raw listener, claim not flushed")
 
 
 def latencies(
@@ -359,10 +355,11 @@ def latencies(
         "raw listener": lambda: _raw_latency(new_database, jobs, flushed=True),
         "raw listener, claim not flushed": lambda: _raw_latency(new_database, jobs, False),
     }
-    found: dict[str, list[Latency]] = {name: [] for name in LATENCY_SETUPS}
+    names = list(setups)
+    found: dict[str, list[Latency]] = {name: [] for name in names}
     for round_ in range(rounds):
-        shift = round_ % len(LATENCY_SETUPS)
-        for name in LATENCY_SETUPS[shift:] + LATENCY_SETUPS[:shift]:
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             say(f"round {round_ + 1}: enqueue-to-start latency, {name}")
             found[name].append(setups[name]())
     return found

@@ -65,9 +65,7 @@ class Drain:
 
     @property
     def worker_cpu_seconds_per_1000_jobs(self) -> float | None:
-        if self.worker_cpu_seconds is None or not self.worker_jobs:
-            return None
-        return 1000 * self.worker_cpu_seconds / self.worker_jobs
+        return self._per_job(self.worker_cpu_seconds, 1000, self.worker_jobs)
 
     @property
     def wal_bytes_per_job(self) -> float | None:
@@ -85,9 +83,13 @@ class Drain:
     def vacuum_wal_bytes_per_job(self) -> float | None:
         return self._per_job(self.vacuum_wal_bytes)
 
-    def _per_job(self, total: float | None, jobs_per_unit: int = 1) -> float | None:
-        """`total` over the drain's jobs (per `jobs_per_unit` jobs); None: not measured."""
-        return None if total is None else jobs_per_unit * total / self.jobs
+    def _per_job(
+        self, total: float | None, jobs_per_unit: int = 1, over: int | None = None
+    ) -> float | None:
+        """`total` over the drain's jobs, or `over` jobs (per `jobs_per_unit` jobs);
+        None: not measured."""
+        jobs = self.jobs if over is None else over
+        return None if total is None or not jobs else jobs_per_unit * total / jobs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -153,12 +153,13 @@ def latency(new_database: NewDatabase, jobs: int, gap: float, concurrency: int =
     with db.connect(dsn) as conn:
         return timed_latency(
             lambda: start_workers(dsn, 1, concurrency),
-            lambda payload: _enqueue_latency_job(conn, payload),
+            lambda payload: enqueue_latency_job(conn, payload),
             jobs,
             gap,
             f"1 worker, concurrency {concurrency}, woken by LISTEN/NOTIFY",
         )
 
 
-def _enqueue_latency_job(conn: db.Conn, payload: dict[str, object]) -> None:
+def enqueue_latency_job(conn: db.Conn, payload: dict[str, object]) -> None:
+    """What a latency round sends: one job in its own commit, to `bench.latency`."""
     rota.enqueue(conn, "bench.latency", payload)

@@ -370,9 +370,10 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
     looks: list[str] = []
 
     def refused_once(*args: Any, **kwargs: Any) -> Any:
-        looks.append("refused" if not looks else "answered")
-        if len(looks) == 1:
+        if not looks:
+            looks.append("refused")
             raise DatabaseError("InsufficientPrivilege: permission denied for table job")
+        looks.append("answered")
         return real_running_of(*args, **kwargs)
 
     def answer_lost(*args: Any, **kwargs: Any) -> Any:
