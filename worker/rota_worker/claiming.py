@@ -225,7 +225,7 @@ class ClaimLoop:
                     await self._wait_after(exc, backoff)
                     continue
                 except DatabaseError as exc:  # refused: tried again, as a refused claim
-                    await self._wait_after(exc, backoff, logging.ERROR)
+                    await self._wait_after(exc, backoff)
                     continue
             if not lead and not (self.claiming_ahead and self._requested and not self._lead_idle):
                 # The second lane claims only ahead of fast jobs, beside a claim in
@@ -283,7 +283,7 @@ class ClaimLoop:
                     self.ready = False
                     idle = False
                     refused = True
-                    await self._wait_after(exc, backoff, logging.ERROR)
+                    await self._wait_after(exc, backoff)
                     continue
                 # Perhaps one outcome the database cannot take: the buffer writes
                 # them one at a time, and this lane claims without them.
@@ -331,15 +331,11 @@ class ClaimLoop:
         s = self.settings
         return {}, claims.claim(conn, s.worker_id, limit, s.lease_seconds, self.types)
 
-    async def _wait_after(
-        self,
-        exc: DatabaseUnavailable | DatabaseError,
-        backoff: Backoff,
-        level: int = logging.WARNING,
-    ) -> None:
-        """The database is away (or refused the claim): wait the next backoff step
-        (or until the worker stops)."""
+    async def _wait_after(self, exc: DatabaseUnavailable | DatabaseError, backoff: Backoff) -> None:
+        """The database is away (a warning) or refused the claim (an error): wait the
+        next backoff step (or until the worker stops)."""
         delay = backoff.next()
+        level = logging.WARNING if isinstance(exc, DatabaseUnavailable) else logging.ERROR
         log.log(level, "claim failed (%s); retrying in %.1fs", exc, delay)
         await first(self._stopping, timeout=delay)
 
