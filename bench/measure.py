@@ -50,7 +50,7 @@ class Drain:
     commits: int | None = None
     """Commits in the drain's database, the counting connection's own left out."""
     vacuum_cpu_seconds: float | None = None
-    """PostgreSQL's CPU for a VACUUM of the drained database, run after the drain."""
+    """PostgreSQL's CPU for a VACUUM ANALYZE of the drained database, run after the drain."""
     vacuum_wal_bytes: int | None = None
     worker_cpu_seconds: float | None = None
     """The worker processes' own CPU (every thread) from the first progress seen to
@@ -195,9 +195,10 @@ def timed_drain(
     workers to the count that reads zero, commits from spawning until the
     workers' backends are gone (a backend's statistics are complete only once
     it has exited); the counting connection's own commits are left out. Then
-    a VACUUM of the database, its CPU and WAL measured on their own: the dead
-    rows a drain leaves are the queue's cost, and vacuumed here they are not
-    vacuumed later by autovacuum inside another queue's measurement.
+    a VACUUM ANALYZE of the database, its CPU and WAL measured on their own:
+    the dead rows a drain leaves, and the statistics its changes call for, are
+    the queue's cost, and taken here they are not taken later by autovacuum
+    inside another queue's measurement.
     """
     database = dsn.rsplit("/", 1)[-1].split("?")[0]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -266,9 +267,11 @@ def timed_drain(
 
 
 def vacuum(dsn: str) -> None:
-    """VACUUM every table of a database, so autovacuum finds nothing left to do there."""
+    """VACUUM and ANALYZE every table of a database, the catalogs included, so that
+    autovacuum finds nothing left to do there: neither dead rows nor changes to
+    take statistics of."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(b"VACUUM")
+        conn.execute(b"VACUUM ANALYZE")
 
 
 def _count(conn: psycopg.Connection, query: str) -> int:
