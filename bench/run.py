@@ -130,7 +130,6 @@ def measure(
     add("rota", "single", rota_bench.enqueue_single(single_dsn, plan.single_jobs))
     batch_dsn = rota_bench.fresh(new_database, "rota_batch")
     add("rota", "batch", rota_bench.enqueue_batches(batch_dsn, plan.jobs))
-    enqueued = [single_dsn, batch_dsn]
     for name in peers:
         say(f"{name}: enqueue")
         single = PEERS[name](new_database(f"{name}_single"))
@@ -139,8 +138,7 @@ def measure(
         batch = PEERS[name](new_database(f"{name}_batch"))
         asyncio.run(batch.install())
         add(name, "batch", batch.enqueue_rate(plan.jobs, one_by_one=False))
-        enqueued += [single.dsn, batch.dsn]
-    for dsn in enqueued:
+    for dsn in made:  # the enqueues' databases, every one made so far
         vacuum(dsn)
 
     say(f"rota: {plan.done_rows:,} done rows")

@@ -147,10 +147,13 @@ class Soak:
             dict.fromkeys(("kills", "stops", "restarts", "service_kills", "cancels"), 0)
         )
         self.action_seconds: list[tuple[str, float]] = []
-        self.late: list[tuple[int, str, int]] = []
-        """(job id, worker id, attempt) held by a worker when it was stopped."""
         self.late_by: list[tuple[Proc, list[tuple[int, str, int]]]] = []
         """The late attempts of each stopped worker, to tell which a later kill ended."""
+
+    @property
+    def late(self) -> list[tuple[int, str, int]]:
+        """(job id, worker id, attempt) held by a worker when it was stopped."""
+        return [attempt for _, attempts in self.late_by for attempt in attempts]
 
     # -- the database, through outages ---------------------------------------
     def query(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -332,7 +335,6 @@ class Soak:
             *_columns(seen),
         )
         late = [(r[0], r[1], r[2]) for r in rows]
-        self.late += late
         self.late_by.append((proc, late))
         proc.send(signal.SIGCONT)
         self.figures["stops"] += 1
