@@ -395,6 +395,43 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
     assert [(r["attempts"], r["releases"]) for r in done] == [(1, 0)] * 6  # a release resets
 
 
+def test_a_worker_stopping_after_a_lost_claim_gives_its_jobs_back(
+    conn, db_url, monkeypatch
+) -> None:
+    # The answer of a committed claim is lost and the worker is asked to stop at
+    # that moment: before it exits, it gives the claim's jobs back (ready, attempt
+    # not counted) instead of leaving them running under its name until their
+    # lease expires and the reaper counts the attempt.
+    real = claims.write_and_claim
+    lost: list[int] = []
+    worker = Worker(
+        db_url,
+        WorkerSettings(concurrency=2, run_reaper=False, run_scheduler=False, lease_seconds=600),
+        handlers=_async_handlers(noop=_noop),
+    )
+
+    def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        written, jobs = real(*args, **kwargs)
+        if jobs and not lost:
+            lost.extend(job.id for job in jobs)
+            worker.stop()
+            raise DatabaseUnavailable("database unavailable: the answer was lost")
+        return written, jobs
+
+    monkeypatch.setattr(claims, "write_and_claim", answer_lost)
+    ids = rota.enqueue_many(conn, [rota.NewJob("noop") for _ in range(6)])
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert lost
+    rows = {i: row(conn, i) for i in ids}
+    assert [(rows[i]["status"], rows[i]["attempts"], rows[i]["releases"]) for i in lost] == [
+        ("ready", 0, 1)
+    ] * len(lost)
+    assert all(r["status"] == "ready" and r["attempts"] == 0 for r in rows.values())
+
+
 def test_an_idle_worker_claims_on_a_notify_and_stops_without_waiting_for_its_poll(
     conn, db_url, monkeypatch
 ) -> None:

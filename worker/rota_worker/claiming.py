@@ -206,6 +206,8 @@ class ClaimLoop:
             await asyncio.gather(*lanes, return_exceptions=True)
             self.outcomes.carry(False)
             self.start_waiting()
+        if self._claim_lost:
+            await self._give_back_lost_claim_at_stop(link)
 
     async def _claim_and_carry(self, link: Link, lead: bool) -> None:
         backoff = Backoff(most=self.settings.reconnect_max_seconds)
@@ -368,6 +370,19 @@ class ClaimLoop:
         finally:
             self._recovering = False
             self.wake()
+
+    async def _give_back_lost_claim_at_stop(self, link: Link) -> None:
+        """The worker stops with the jobs of a lost claim not given back yet: one
+        try, so that they need not wait for their lease (which would count their
+        attempt). If the database is still away, the lease is all there is."""
+        try:
+            await self._give_back_lost_claim(link)
+        except (DatabaseUnavailable, DatabaseError) as exc:
+            log.warning(
+                "the jobs of a claim whose answer was lost could not be given back (%s);"
+                " they run again when their leases expire",
+                exc,
+            )
 
     def _under_cap(self) -> bool:
         return len(self.leases) < self._cap()
