@@ -395,13 +395,15 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back(
     assert [(r["attempts"], r["releases"]) for r in done] == [(1, 0)] * 6  # a release resets
 
 
+@pytest.mark.parametrize("database", ["back", "still away"])
 def test_a_worker_stopping_after_a_lost_claim_gives_its_jobs_back(
-    conn, db_url, monkeypatch
+    conn, db_url, monkeypatch, caplog, database
 ) -> None:
     # The answer of a committed claim is lost and the worker is asked to stop at
     # that moment: before it exits, it gives the claim's jobs back (ready, attempt
     # not counted) instead of leaving them running under its name until their
-    # lease expires and the reaper counts the attempt.
+    # lease expires and the reaper counts the attempt. If the database is still
+    # away, it says so and exits all the same: the lease is all there is.
     real = claims.write_and_claim
     lost: list[int] = []
     worker = Worker(
@@ -418,7 +420,12 @@ def test_a_worker_stopping_after_a_lost_claim_gives_its_jobs_back(
             raise DatabaseUnavailable("database unavailable: the answer was lost")
         return written, jobs
 
+    def away(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseUnavailable("database unavailable: still away")
+
     monkeypatch.setattr(claims, "write_and_claim", answer_lost)
+    if database == "still away":
+        monkeypatch.setattr(claims, "running_of", away)
     ids = rota.enqueue_many(conn, [rota.NewJob("noop") for _ in range(6)])
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
@@ -426,10 +433,14 @@ def test_a_worker_stopping_after_a_lost_claim_gives_its_jobs_back(
     assert not thread.is_alive()
     assert lost
     rows = {i: row(conn, i) for i in ids}
-    assert [(rows[i]["status"], rows[i]["attempts"], rows[i]["releases"]) for i in lost] == [
-        ("ready", 0, 1)
-    ] * len(lost)
-    assert all(r["status"] == "ready" and r["attempts"] == 0 for r in rows.values())
+    left = [(rows[i]["status"], rows[i]["attempts"], rows[i]["releases"]) for i in lost]
+    if database == "back":
+        assert left == [("ready", 0, 1)] * len(lost)
+    else:
+        assert left == [("running", 1, 0)] * len(lost)
+        assert "could not be given back (database unavailable: still away)" in caplog.text
+    others = [r for i, r in rows.items() if i not in lost]
+    assert all(r["status"] == "ready" and r["attempts"] == 0 for r in others)
 
 
 def test_an_idle_worker_claims_on_a_notify_and_stops_without_waiting_for_its_poll(

@@ -46,6 +46,9 @@ AHEAD_FAST_SECONDS = 0.05
 AHEAD_MAX_WAIT_SECONDS = 1.0
 """A job claimed ahead that could not start within this long is given back."""
 
+STOP_GIVE_BACK_SECONDS = 5.0
+"""How long a stopping worker tries to give back the jobs of a lost claim."""
+
 
 class ClaimLoop:
     def __init__(
@@ -374,15 +377,21 @@ class ClaimLoop:
     async def _give_back_lost_claim_at_stop(self, link: Link) -> None:
         """The worker stops with the jobs of a lost claim not given back yet: one
         try, so that they need not wait for their lease (which would count their
-        attempt). If the database is still away, the lease is all there is."""
+        attempt). If the database is still away (or too slow to answer within
+        `STOP_GIVE_BACK_SECONDS`, which the shutdown's grace must not wait for),
+        the lease is all there is."""
         try:
-            await self._give_back_lost_claim(link)
+            await asyncio.wait_for(self._give_back_lost_claim(link), STOP_GIVE_BACK_SECONDS)
+            return
+        except TimeoutError:
+            why = f"no answer within {STOP_GIVE_BACK_SECONDS:g}s"
         except (DatabaseUnavailable, DatabaseError) as exc:
-            log.warning(
-                "the jobs of a claim whose answer was lost could not be given back (%s);"
-                " they run again when their leases expire",
-                exc,
-            )
+            why = str(exc)
+        log.warning(
+            "the jobs of a claim whose answer was lost could not be given back (%s);"
+            " they run again when their leases expire",
+            why,
+        )
 
     def _under_cap(self) -> bool:
         return len(self.leases) < self._cap()
