@@ -226,10 +226,8 @@ class ClaimLoop:
             if self._claim_lost:
                 try:
                     await self._give_back_lost_claim(link)
-                except DatabaseUnavailable as exc:
-                    await self._wait_after(exc, backoff)
-                    continue
-                except DatabaseError as exc:  # refused: tried again, as a refused claim
+                except (DatabaseUnavailable, DatabaseError) as exc:
+                    # Away or refused: tried again after a wait, as a claim is.
                     await self._wait_after(exc, backoff)
                     continue
             if not lead and not (self.claiming_ahead and self._requested and not self._lead_idle):
