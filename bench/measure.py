@@ -237,9 +237,13 @@ def timed_drain(
     assert first is not None
     since, left_then = first
     rate = left_then / max(now - since, 1e-9) if left_then else jobs / max(now - spawned, 1e-9)
-    # A queue emptied before the first look (tiny counts): the whole run, start included.
-    worker_cpu = cpu_at_end - cpu_at_first if left_then else cpu_at_end
-    worker_jobs = left_then or jobs
+    # From the first progress on, unless that span is too short to show: a queue
+    # emptied before the first look, or one whose last jobs took less CPU than one
+    # clock tick of /proc (tiny counts, a busy machine). Then the whole run, start
+    # included.
+    resolved = left_then and cpu_at_end > cpu_at_first
+    worker_cpu = cpu_at_end - cpu_at_first if resolved else cpu_at_end
+    worker_jobs = left_then if resolved else jobs
     drain = Drain(
         jobs,
         len(processes),
