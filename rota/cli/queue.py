@@ -27,7 +27,7 @@ def register(sub: Any) -> None:
         choices=KEY_INDEXES,
         help="keep idempotency keys unique by the unique constraint (every row has an entry)"
         " or by a partial unique index over keyed rows only (cheaper; every client must"
-        " be 0.2 or later): see the README",
+        " be 0.2 or later): see docs/operations.md, The key index",
     )
     p.set_defaults(func=cmd_migrate)
 

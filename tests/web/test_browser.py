@@ -1,7 +1,7 @@
 """The console in a real headless Chromium (Debian's package, driven by Playwright):
 log in, read the overview, filter, open jobs, retry, cancel, bulk-retry a dead
 group, pause a type, and find it all on the audit page. Takes screenshots as it
-goes: into docs/ (the README shows them) with ROTA_WEB_SCREENSHOTS=1, which
+goes: into docs/ (docs/console.md shows them) with ROTA_WEB_SCREENSHOTS=1, which
 `make web-screenshots` sets, else into the test's temporary directory."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ scraped and parsed, and each panel is computed from the samples the way its
 PromQL query would be (rates, increases, histogram quantiles).
 
 Needs matplotlib (not a dependency of Rota):
-    .venv/bin/pip install matplotlib && .venv/bin/python docs/render_dashboard.py
+    .venv/bin/pip install matplotlib && .venv/bin/python scripts/render_dashboard.py
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from rota_operator.scaling import PoolLimits, QueueSample, ScaleMemory, decide
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
 
-OUT = Path(__file__).with_name("dashboard.png")
+OUT = Path(__file__).parents[1] / "docs" / "dashboard.png"
 SECONDS = 150
 TARGET_AGE = 10.0
 LIMITS = PoolLimits(
