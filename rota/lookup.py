@@ -36,6 +36,7 @@ def list_jobs(
 
 
 def get_job(conn_or_dsn: ConnOrDsn, job_id: int) -> Job:
+    """The job with this id, its whole row; `JobNotFound` when there is none."""
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("get_job"), {"id": job_id})
     if not rows:
