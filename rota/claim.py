@@ -40,6 +40,10 @@ class Attempt:
     """The job's type, for logs and metrics (not written)."""
     duration_seconds: float = 0.0
     """How long the handler ran (not written)."""
+    owner: object = dataclasses.field(default=None, compare=False, repr=False)
+    """The worker's own record of the attempt this outcome ends (not written). The
+    worker tells attempts apart by this record, never by (job id, attempt): a job
+    given back and claimed again in the same statement has the same key twice."""
 
     @property
     def key(self) -> tuple[int, int]:

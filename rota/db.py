@@ -1,9 +1,12 @@
 """Connections, and the edge where psycopg's errors become Rota's.
 
 Everything that talks to PostgreSQL goes through `connection()` and
-`errors_wrapped()`, so callers see `DatabaseUnavailable` (retry later: the
-database is down or the connection broke) or `DatabaseError` (the statement was
-refused), with psycopg's exception kept as ``__cause__``.
+`errors_wrapped()`, so callers see one of two kinds of error, with psycopg's
+exception kept as ``__cause__``: `DatabaseUnavailable`, an outage (retry later
+on a new connection: the database is down, the connection broke, the server
+shut down or takes no writes), never counted as a job's attempt; or
+`DatabaseError`, a refusal of the statement (a timeout, a deadlock, a value too
+large), which counts as an attempt of the job it was for.
 """
 
 from __future__ import annotations
@@ -24,22 +27,31 @@ ConnOrDsn = psycopg.Connection[Any] | str
 APPLICATION_NAME = "rota"
 
 
+OUTAGE_SQLSTATES = ("08", "57P", "25006", "53300")
+"""SQLSTATEs (or their prefixes) of an outage: the connection failed (class 08),
+the server went away under the statement (57P01 admin shutdown, 57P02 crash
+shutdown, 57P03 cannot connect now), it takes no writes for now (25006: a primary
+fenced or demoted in a failover, a standby reached through the URL), or it takes
+no more connections (53300)."""
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """True for errors that mean "the database is not there right now"."""
-    if isinstance(exc, DatabaseUnavailable):
+    """True for an outage: "the database is not there right now", never a job's fault.
+
+    Everything else the server says is a refusal of the statement (its error
+    kind is `DatabaseError`): a statement or lock timeout, a deadlock, a value or
+    index row too large, a number out of range. A refusal is the statement's
+    (and so its job's) business: it counts as an attempt; an outage never does.
+    """
+    if isinstance(exc, DatabaseUnavailable | psycopg.InterfaceError):
         return True
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return True
-    # The server going away mid-statement (admin shutdown, crash recovery), or
-    # taking no writes for now: a primary fenced or demoted in a failover, a
-    # standby reached through the URL (25006). Writes wait and try again, on a
-    # new connection, as for a server that went away.
-    return isinstance(
-        exc,
-        psycopg.errors.AdminShutdown
-        | psycopg.errors.CrashShutdown
-        | psycopg.errors.ReadOnlySqlTransaction,
-    )
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        # libpq's own failures carry no SQLSTATE: refused, lost, timed out.
+        return isinstance(exc, psycopg.OperationalError)
+    return state.startswith(OUTAGE_SQLSTATES)
 
 
 @contextlib.contextmanager
@@ -51,6 +63,10 @@ def errors_wrapped() -> Iterator[None]:
         if is_unavailable(exc):
             raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
         raise DatabaseError(f"{type(exc).__name__}: {exc}".strip()) from exc
+    except UnicodeEncodeError as exc:
+        # A value that cannot even be sent (a lone surrogate): the statement is
+        # refused before it leaves, as the server would refuse a NUL.
+        raise DatabaseError(f"UnicodeEncodeError: {exc}") from exc
 
 
 def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:

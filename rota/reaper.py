@@ -1,10 +1,12 @@
 """The reaper: gives back jobs whose worker stopped renewing its lease.
 
 A running row whose locked_until has passed (by the database clock) goes back
-to ready, to dead when its attempts are used up, or to cancelled when somebody
-asked to cancel it; each one is counted in ``rota.lease_expiration`` by UTC
-hour. Capped batches under SKIP LOCKED let any number of reapers run at once
-without waiting on each other or doubling a reset.
+to ready after the job's backoff (its attempt counted, as for a failing job: a
+job that kills its worker backs off instead of coming back at once), to dead
+when its attempts are used up, or to cancelled when somebody asked to cancel
+it; each one is counted in ``rota.lease_expiration`` by UTC hour. Capped
+batches under SKIP LOCKED let any number of reapers run at once without
+waiting on each other or doubling a reset.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.services import Service
+from rota.settings import BackoffSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,10 @@ class ReaperSettings:
 
     max_batches: int = 100
     """Batches per pass; a pass that hits it is followed by another at once."""
+
+    backoff: BackoffSettings = dataclasses.field(default_factory=BackoffSettings)
+    """The retry delays of an expired job, as for a failed attempt (a worker's
+    reaper uses the worker's own backoff)."""
 
     def __post_init__(self) -> None:
         limits.interval_seconds(self.interval_seconds, "reaper interval")
@@ -71,9 +78,7 @@ class Reaper(Service):
         capped = True
         with connection(conn_or_dsn) as conn:
             for _ in range(self.settings.max_batches):
-                rows = fetch_all(
-                    conn, sql.query("reap_expired"), {"limit": self.settings.batch_size, "now": now}
-                )
+                rows = fetch_all(conn, sql.query("reap_expired"), self._params(now))
                 for row in rows:
                     found[Status(row["status"])].append(row["id"])
                     log.warning(
@@ -86,3 +91,13 @@ class Reaper(Service):
                     capped = False
                     break
         return ReapResult(found[Status.READY], found[Status.DEAD], found[Status.CANCELLED], capped)
+
+    def _params(self, now: datetime | None) -> dict[str, object]:
+        backoff = self.settings.backoff
+        return {
+            "limit": self.settings.batch_size,
+            "now": now,
+            "base": backoff.base_seconds,
+            "cap": backoff.cap_seconds,
+            "jitter": backoff.jitter,
+        }

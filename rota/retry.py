@@ -37,16 +37,16 @@ def backoff_seconds(
 def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     """``Type: message`` then the innermost frames of the traceback, trimmed to `limit`.
 
-    A NUL character, which PostgreSQL cannot store in text (the outcome would
-    never be written), is shown as the four characters ``\\x00``.
+    What PostgreSQL cannot store in text (the outcome would never be written) is
+    escaped (see `storable`).
     """
     try:
         message = str(exc)
     except Exception:  # a handler's exception whose __str__ itself fails
         message = "<its message could not be read>"
-    head = _storable(f"{type(exc).__name__}: {message}".rstrip(": "))
+    head = storable(f"{type(exc).__name__}: {message}".rstrip(": "))
     frames = "".join(traceback.format_tb(exc.__traceback__)) if exc.__traceback__ else ""
-    frames = _storable(frames)
+    frames = storable(frames)
     if not frames:
         return head[:limit]
     text = f"{head}\n{frames}"
@@ -57,5 +57,12 @@ def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     return f"{head}\n...\n{frames[-tail_room:]}"[:limit]
 
 
-def _storable(text: str) -> str:
-    return text.replace("\x00", "\\x00")
+def storable(text: str) -> str:
+    """`text` as PostgreSQL can store it: a NUL character becomes the four characters
+    ``\\x00``, and a lone surrogate (``os.fsdecode`` of a file name that is not
+    UTF-8, say), which cannot even be encoded, becomes ``\\udcff`` and the like."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from rota import cron, limits, schedule_store, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
-from rota.errors import InvalidInput
+from rota.errors import DatabaseError, InvalidInput
 from rota.services import Service
 from rota.settings import QueueSettings
 
@@ -103,8 +103,32 @@ class Scheduler(Service):
                     rows = fetch_all(conn, sql.query("schedule_next_due"), {"now": now})
                     if not rows:
                         return result
-                    result += self._fire(conn, rows[0], now)
+                    result += self._fire_or_pass(conn, rows[0], now)
         return dataclasses.replace(result, capped=True)
+
+    def _fire_or_pass(
+        self, conn: Conn, row: dict[str, Any], now: datetime | None
+    ) -> SchedulerResult:
+        """`_fire`, in a savepoint: a slot the database refuses (a job type too long
+        for its index, say) is logged and passed over (counted as missed), so one
+        bad schedule never stops the scheduler for the others. An outage is not a
+        refusal: it ends the tick, and the slot is tried again."""
+        try:
+            with conn.transaction():
+                return self._fire(conn, row, now)
+        except DatabaseError as exc:
+            tick: datetime = row["tick"]
+            schedule = cron.Schedule(row["cron"], row["timezone"])  # _fire computed it
+            count, _ = schedule.due(row["next_run_at"], tick)
+            log.error(
+                "schedule %r: the database refused its slot (%s); %d slot(s) passed over",
+                row["name"],
+                exc,
+                count,
+            )
+            next_run_at = schedule.next_slot(tick) or tick + timedelta(days=1)
+            self._advance(conn, row, next_run_at, None, count, 0)
+            return SchedulerResult(schedules=1, missed=count)
 
     def _fire(self, conn: Conn, row: dict[str, Any], now: datetime | None) -> SchedulerResult:
         """Enqueue the latest due slot of one locked schedule and advance it."""

@@ -25,6 +25,9 @@ from rota.testing import EmbeddedPostgres
 # The operator reads this when its handlers are imported: status syncs every
 # second in tests, whichever test module imports the operator first.
 os.environ.setdefault("ROTA_SCHEDULE_SYNC_SECONDS", "1")
+# An attempt moved in a way its lifecycle does not allow raises in tests (in
+# this process and in the workers tests start), instead of being logged.
+os.environ.setdefault("ROTA_STRICT_ATTEMPTS", "1")
 
 TEMPLATE = "rota_template"
 _counter = itertools.count()

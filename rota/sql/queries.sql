@@ -193,8 +193,10 @@ SELECT id, attempts FROM rota.job WHERE status = 'running' AND locked_by = %(wor
 SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 
 -- name: reap_expired
--- Give expired leases back: ready again, or dead once the attempts are used
--- up. Capped batches and SKIP LOCKED keep many reapers out of each other's way;
+-- Give expired leases back: ready again after the job's backoff (the attempt
+-- counted, as rota.retry.backoff_seconds computes it for a failed one: base *
+-- 2^(attempts-1), capped, +/- jitter), or dead once the attempts are used up.
+-- Capped batches and SKIP LOCKED keep many reapers out of each other's way;
 -- each expiration is counted in its UTC hour.
 WITH expired AS (
     SELECT id
@@ -209,7 +211,11 @@ reset AS (
     SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                       WHEN j.attempts >= j.max_attempts THEN 'dead'
                       ELSE 'ready' END,
-        run_at = coalesce(%(now)s::timestamptz, now()),
+        run_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => greatest(0, least(
+            %(cap)s::float8,
+            least(%(cap)s::float8,
+                  %(base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 60)))
+            * (1 + %(jitter)s::float8 * (2 * random() - 1))))),
         locked_until = NULL,
         finished_at = CASE WHEN j.attempts >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
                            THEN coalesce(%(now)s::timestamptz, now()) END,

@@ -229,7 +229,7 @@ def test_a_late_finisher_whose_lease_was_taken_changes_nothing(
     job_id = rota.enqueue(conn, "t", now=T0)
     claims.claim(conn, "slow", 1, 30, now=at(0))
     Reaper().run_once(conn, now=at(31))
-    [again] = claims.claim(conn, "fast", 1, 30, now=at(32))
+    [again] = claims.claim(conn, "fast", 1, 30, now=at(33))
     assert again.attempts == 2
     assert claims.write_outcomes(conn, "slow", [Attempt(job_id, 1, Outcome.DONE)], now=at(40)) == {}
     assert row(conn, job_id)["status"] == "running"

@@ -35,12 +35,16 @@ class Parts:
     def __init__(self, claim_ahead: bool = True) -> None:
         self.settings = WorkerSettings(concurrency=C, claim_ahead=claim_ahead)
         self.keeper = LeaseKeeper("w", 30)
-        self.buffer = OutcomeBuffer("w", 100, settled=lambda a: self.keeper.drop(a.key))
+        self.buffer = OutcomeBuffer("w", 100, settled=self.settled)
         self.stopping = asyncio.Event()
         self.begun: list[int] = []
         self.loop = ClaimLoop(
             self.settings, ["t"], self.keeper, self.buffer, self.hold, self.begin, self.stopping
         )
+
+    def settled(self, attempt: Attempt) -> None:
+        if isinstance(attempt.owner, Execution):
+            self.keeper.drop(attempt.owner)
 
     def hold(self, j: Job) -> Execution:
         execution = Execution(j)

@@ -32,6 +32,7 @@ from rota.claim import Attempt
 from rota.db import Conn
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Job, Outcome, Status
+from rota_worker.attempts import State
 from rota_worker.execute import Execution, Stop, stopped_outcome
 from rota_worker.leases import Key, LeaseKeeper
 from rota_worker.link import Backoff, Link, first
@@ -170,6 +171,7 @@ class ClaimLoop:
                 self._never_started(execution)
                 continue
             self.active += 1
+            execution.move(State.RUNNING)
             self._begin(execution)
 
     def give_back_stale(self, now: float | None = None) -> int:
@@ -191,7 +193,8 @@ class ClaimLoop:
             attempt = Attempt(job.id, job.attempts, Outcome.RELEASED)
         else:
             attempt = stopped_outcome(execution, self.settings.backoff)
-        self.outcomes.add(dataclasses.replace(attempt, type=job.type))
+        execution.move(State.ENDED)
+        self.outcomes.add(dataclasses.replace(attempt, type=job.type, owner=execution))
 
     # -- the loop ---------------------------------------------------------------
     async def run(self, link: Link, ahead: Link | None = None) -> None:
@@ -358,7 +361,7 @@ class ClaimLoop:
             lost = [
                 Attempt(job_id, attempts, Outcome.RELEASED)
                 for job_id, attempts in running
-                if self.leases.get((job_id, attempts)) is None
+                if not self.leases.holds((job_id, attempts))
             ]
             if lost:
                 written = await link.run(claims.write_outcomes, self.settings.worker_id, lost)

@@ -29,6 +29,8 @@ from rota.handlers import Context, Handler
 from rota.jobs import Job, Outcome
 from rota.retry import backoff_seconds, describe_error
 from rota.settings import BackoffSettings
+from rota_worker import attempts
+from rota_worker.attempts import State
 
 log = logging.getLogger("rota.worker")
 
@@ -64,12 +66,17 @@ class Stop(enum.StrEnum):
     SHUTDOWN = "shutdown"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Execution:
-    """One attempt being run: the job, its task, and why it was stopped (if it was)."""
+    """This worker's record of one attempt: the job, where it is in its life
+    (`rota_worker.attempts`), its task, and why it was stopped (if it was).
+
+    Compared by identity: a job given back and claimed again in one statement has
+    the same (job id, attempt) as before, and is a new record."""
 
     job: Job
     timeout_seconds: float | None = None
+    state: State = State.WAITING
     stopped: Stop | None = None
     task: asyncio.Task[Attempt] | None = None
     """None until the attempt starts (a job claimed ahead waits for a slot)."""
@@ -80,6 +87,10 @@ class Execution:
     @property
     def key(self) -> tuple[int, int]:
         return (self.job.id, self.job.attempts)
+
+    def move(self, to: State) -> bool:
+        """Move this attempt on in its life (see `rota_worker.attempts.move`)."""
+        return attempts.move(self, to)
 
     def start_clock(self) -> None:
         """The handler starts now: from here its time limit runs (if it has one)."""
@@ -132,13 +143,17 @@ async def run_attempt(
             await handler.func(*args)
         else:
             await run_sync(handler, job, context, execution.start_clock)
-    except asyncio.CancelledError:
-        if execution.stopped is None:
-            raise  # not ours: the loop itself is going away
+    except asyncio.CancelledError as exc:
         current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()
-        outcome = stopped_outcome(execution, backoff)
+        if execution.stopped is None:
+            if current is not None and current.cancelling():
+                raise  # not ours: the loop itself is going away
+            # Nobody stopped the attempt: the handler raised it itself.
+            outcome = raised_cancel(job, exc, backoff)
+        else:
+            if current is not None and current.cancelling():
+                current.uncancel()
+            outcome = stopped_outcome(execution, backoff)
     except Cancelled:
         outcome = stopped_outcome(execution, backoff)
     except Decided as decided:
@@ -148,12 +163,33 @@ async def run_attempt(
     else:
         # The common case, built once with its type and duration.
         return Attempt(
-            job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, time.perf_counter() - started
+            job.id,
+            job.attempts,
+            Outcome.DONE,
+            0.0,
+            None,
+            job.type,
+            time.perf_counter() - started,
+            execution,
         )
     finally:
         execution.stop_clock()
     return dataclasses.replace(
-        outcome, type=job.type, duration_seconds=time.perf_counter() - started
+        outcome, type=job.type, duration_seconds=time.perf_counter() - started, owner=execution
+    )
+
+
+def raised_cancel(job: Job, exc: BaseException, backoff: BackoffSettings) -> Attempt:
+    """A handler raised `asyncio.CancelledError` although nobody stopped it: an
+    ordinary failure (a retry, counted), with a last_error that says so."""
+    frames = describe_error(exc).partition("\n")[2]
+    error = "CancelledError: the handler raised it itself (nothing asked it to stop)"
+    return Attempt(
+        job.id,
+        job.attempts,
+        Outcome.RETRY,
+        backoff_seconds(job.attempts, backoff),
+        f"{error}\n{frames}" if frames else error,
     )
 
 

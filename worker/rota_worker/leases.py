@@ -1,8 +1,10 @@
 """The lease keeper: which attempts this worker holds, and their heartbeats.
 
 An attempt is held from its claim until its outcome is written (or known to be
-lost), keyed by (job id, attempt) so that a job claimed again while an earlier
-attempt of it still runs is never confused with it. One heartbeat statement
+lost): from WAITING until a terminal state (`rota_worker.attempts`). Held
+attempts are told apart by their record, never by (job id, attempt): a job
+claimed again while an earlier attempt of it still runs, or in the very
+statement that gave it back, is a new record. One heartbeat statement
 every lease/3 extends every held lease and brings back the cancel requests; an
 attempt whose lease is gone, or whose job somebody asked to cancel, is stopped
 at once, so its slot is freed and a late finish can never overlap a rerun.
@@ -26,16 +28,23 @@ class LeaseKeeper:
     def __init__(self, worker_id: str, lease_seconds: float) -> None:
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
-        self._held: dict[Key, Execution] = {}
+        self._held: dict[int, Execution] = {}
+        """By the record's identity."""
 
     def hold(self, execution: Execution) -> None:
-        self._held[execution.key] = execution
+        self._held[id(execution)] = execution
 
-    def drop(self, key: Key) -> Execution | None:
-        return self._held.pop(key, None)
+    def drop(self, execution: Execution) -> None:
+        """Let go of `execution`'s lease (its outcome is settled): this record only."""
+        self._held.pop(id(execution), None)
 
-    def get(self, key: Key) -> Execution | None:
-        return self._held.get(key)
+    def holds(self, key: Key) -> bool:
+        """Whether some held attempt is (job id, attempt) `key`."""
+        return any(e.key == key for e in self._held.values())
+
+    @property
+    def held(self) -> list[Execution]:
+        return list(self._held.values())
 
     def __len__(self) -> int:
         return len(self._held)
@@ -47,7 +56,8 @@ class LeaseKeeper:
 
     async def beat(self, link: Link) -> None:
         """Extend every held lease once; stop attempts that lost theirs or were cancelled."""
-        held = list(self._held)
+        executions = list(self._held.values())
+        held = {e.key for e in executions}
         if not held:
             return
         try:
@@ -61,15 +71,14 @@ class LeaseKeeper:
             log.error("heartbeat refused (%s); leases run on until the next one", exc)
             return
         kept = {(lease.job_id, lease.attempts): lease for lease in leases}
-        for key in held:
-            execution = self._held.get(key)
-            if execution is None:
-                continue
-            lease = kept.get(key)
+        for execution in executions:
+            if id(execution) not in self._held:
+                continue  # settled meanwhile
+            lease = kept.get(execution.key)
             if lease is None:
                 if execution.task is not None and not execution.task.done():
-                    log.warning("job %s attempt %s: lease lost; stopping it", *key)
+                    log.warning("job %s attempt %s: lease lost; stopping it", *execution.key)
                 execution.stop(Stop.LEASE_LOST)
             elif lease.cancel_requested:
-                log.info("job %s: cancel requested; stopping attempt %s", *key)
+                log.info("job %s: cancel requested; stopping attempt %s", *execution.key)
                 execution.stop(Stop.CANCEL)

@@ -25,6 +25,8 @@ from rota.claim import Attempt
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Outcome, Status
 from rota.metrics import record_outcomes
+from rota_worker.attempts import State
+from rota_worker.execute import Execution
 from rota_worker.link import Backoff, Link
 
 log = logging.getLogger("rota.worker")
@@ -167,8 +169,7 @@ class OutcomeBuffer:
                 attempt.outcome,
                 exc,
             )
-            self.written += 1
-            self._settled(attempt)
+            self._settle_one(attempt, State.LOST)
             _count([attempt], [Outcome.LEASE_LOST])
             return
         except BaseException:
@@ -243,9 +244,23 @@ class OutcomeBuffer:
                 outcome,
                 attempt.duration_seconds,
             )
+        self._settle_one(attempt, _state_of(outcome))
+        return outcome
+
+    def _settle_one(self, attempt: Attempt, state: State) -> None:
+        """The attempt's outcome is accounted for: its record moves to `state`."""
+        if isinstance(attempt.owner, Execution):
+            attempt.owner.move(state)
         self.written += 1
         self._settled(attempt)
-        return outcome
+
+
+def _state_of(outcome: Outcome) -> State:
+    if outcome is Outcome.LEASE_LOST:
+        return State.LOST
+    if outcome is Outcome.RELEASED:
+        return State.GIVEN_BACK
+    return State.WRITTEN
 
 
 def _count(batch: list[Attempt], outcomes: list[Outcome]) -> None:

@@ -17,6 +17,7 @@ with a lease.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import signal
@@ -36,9 +37,10 @@ from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
 from rota.metrics import build_registry
 from rota.migrate import require_current
-from rota.reaper import Reaper
+from rota.reaper import Reaper, ReaperSettings
 from rota.scheduler import Scheduler
 from rota.services import Service, start_thread
+from rota_worker.attempts import State
 from rota_worker.claiming import ClaimLoop
 from rota_worker.execute import Execution, Stop, run_attempt, timeout_of
 from rota_worker.leases import LeaseKeeper
@@ -90,10 +92,14 @@ class Worker:
 
     def _default_services(self) -> list[Service]:
         wanted: list[tuple[bool, Service]] = [
-            (self.settings.run_reaper, Reaper(self.settings.reaper)),
+            # The reaper retries an expired job after this worker's backoff.
+            (self.settings.run_reaper, Reaper(self._reaper_settings())),
             (self.settings.run_scheduler, Scheduler()),
         ]
         return [service for on, service in wanted if on]
+
+    def _reaper_settings(self) -> ReaperSettings:
+        return dataclasses.replace(self.settings.reaper, backoff=self.settings.backoff)
 
     # -- control -----------------------------------------------------------
     def stop(self) -> None:
@@ -190,13 +196,16 @@ class Worker:
         attempt = await run_attempt(
             execution, handler, self.context, self.runner, self.settings.backoff
         )
+        execution.move(State.ENDED)
         self.outcomes.add(attempt)
         self.claims.attempt_ended(attempt)
         return attempt
 
     def _settled(self, attempt: Attempt) -> None:
-        """The outcome buffer is done with `attempt`: let go of its lease."""
-        self.leases.drop(attempt.key)
+        """The outcome buffer is done with `attempt`: let go of its lease (the lease of
+        this record: a new attempt of the same job claimed meanwhile stays held)."""
+        if isinstance(attempt.owner, Execution):
+            self.leases.drop(attempt.owner)
         self.claims.wake()
 
     async def _heartbeats(self, link: Link) -> None:
@@ -225,7 +234,10 @@ class Worker:
         if running:
             await asyncio.wait(running, timeout=grace)
         for execution in self.leases.running:
-            log.warning("job %s did not finish within the grace period; given back", *execution.key)
+            log.warning(
+                "job %s attempt %s did not finish within the grace period; given back",
+                *execution.key,
+            )
             execution.stop(Stop.SHUTDOWN)
         stopped = [e.task for e in self.leases.running if e.task is not None]
         if stopped:
