@@ -3,7 +3,7 @@
 from rota.claim import complete
 from rota.control import cancel, pause, paused, resume
 from rota.effects import effect_result, record_effect
-from rota.enqueue import enqueue, enqueue_many
+from rota.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from rota.errors import (
     Cancelled,
     DatabaseError,
@@ -15,6 +15,7 @@ from rota.errors import (
 )
 from rota.handlers import Context, handler
 from rota.jobs import Job, NewJob, Outcome, Status
+from rota.lookup import result
 from rota.migrate import migrate
 
 __all__ = [
@@ -34,11 +35,14 @@ __all__ = [
     "complete",
     "effect_result",
     "enqueue",
+    "enqueue_async",
     "enqueue_many",
+    "enqueue_many_async",
     "handler",
     "migrate",
     "pause",
     "paused",
     "record_effect",
+    "result",
     "resume",
 ]

@@ -44,6 +44,8 @@ class Attempt:
     """The worker's own record of the attempt this outcome ends (not written). The
     worker tells attempts apart by this record, never by (job id, attempt): a job
     given back and claimed again in the same statement has the same key twice."""
+    result: str | None = None
+    """The handler's return value as JSON text (None when it returned None)."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -263,6 +265,12 @@ def _outcome_params(
         "outcomes": _strings([a.outcome.value for a in batch]),
         "delays": _numbers([float(a.delay) for a in batch]),
         "errors": _strings([a.error for a in batch]),
+        # NULL when no attempt of the batch returned a value: the common case costs nothing.
+        "results": (
+            _strings([a.result for a in batch])
+            if any(a.result is not None for a in batch)
+            else None
+        ),
         "worker": worker_id,
         "now": now,
     }

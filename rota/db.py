@@ -1,28 +1,38 @@
 """Connections, and the edge where psycopg's errors become Rota's.
 
-Everything that talks to PostgreSQL goes through `connection()` and
-`errors_wrapped()`, so callers see one of two kinds of error, with psycopg's
+Everything that talks to PostgreSQL goes through `connection()` (or
+`aconnection()`) and `errors_wrapped()`, so callers see one of two kinds of error, with psycopg's
 exception kept as ``__cause__``: `DatabaseUnavailable`, an outage (retry later
 on a new connection: the database is down, the connection broke, the server
 shut down or takes no writes), never counted as a job's attempt; or
 `DatabaseError`, a refusal of the statement (a timeout, a deadlock, a value too
 large), which counts as an attempt of the job it was for.
+
+A caller may also hand over an ORM's connection: a SQLAlchemy `Connection` or
+`Session` (`AsyncConnection` or `AsyncSession` for `aconnection()`) on the
+psycopg driver, or a Django database connection on the psycopg 3 backend.
+Rota then runs on the psycopg connection underneath, inside the ORM's open
+transaction. Neither SQLAlchemy nor Django is imported unless such a
+connection is given.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
-from rota.errors import DatabaseError, DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
 
 Conn = psycopg.Connection[Any]
+AConn = psycopg.AsyncConnection[Any]
 ConnOrDsn = psycopg.Connection[Any] | str
+"""A psycopg connection or a database URL (or an ORM's connection: see above)."""
+AConnOrDsn = psycopg.AsyncConnection[Any] | str
 
 APPLICATION_NAME = "rota"
 
@@ -93,6 +103,11 @@ def connection(conn_or_dsn: ConnOrDsn) -> Iterator[Conn]:
         with errors_wrapped():
             yield conn_or_dsn
         return
+    if not isinstance(conn_or_dsn, str):
+        joined = _joined(conn_or_dsn)
+        with errors_wrapped():
+            yield joined
+        return
     conn = connect(conn_or_dsn)
     try:
         with errors_wrapped():
@@ -101,11 +116,113 @@ def connection(conn_or_dsn: ConnOrDsn) -> Iterator[Conn]:
         conn.close()
 
 
+@contextlib.asynccontextmanager
+async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
+    """`connection()` for asyncio: the caller's `AsyncConnection` as it is (never
+    committed for it), or one opened (and closed) for a DSN."""
+    if isinstance(aconn_or_dsn, psycopg.AsyncConnection):
+        with errors_wrapped():
+            yield aconn_or_dsn
+        return
+    if not isinstance(aconn_or_dsn, str):
+        joined = await _ajoined(aconn_or_dsn)
+        with errors_wrapped():
+            yield joined
+        return
+    with errors_wrapped():
+        conn: AConn = await psycopg.AsyncConnection.connect(
+            aconn_or_dsn, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
+        )
+    try:
+        with errors_wrapped():
+            yield conn
+    finally:
+        await conn.close()
+
+
 def fetch_all(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Run a statement and return its rows as dicts, whatever the connection's row factory."""
-    with errors_wrapped(), conn.cursor(row_factory=dict_row) as cur:
+    """Run a statement and return its rows as dicts, whatever the connection's row
+    factory and cursor class (a Django connection's client-side cursors cannot send
+    binary parameters)."""
+    with errors_wrapped(), psycopg.Cursor(conn, row_factory=dict_row) as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
+
+
+async def afetch_all(
+    conn: AConn, sql: str, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """`fetch_all()` on an `AsyncConnection`."""
+    with errors_wrapped():
+        async with psycopg.AsyncCursor(conn, row_factory=dict_row) as cur:
+            await cur.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+
+_USE = (
+    "give a psycopg 3 Connection, a SQLAlchemy Connection or Session, "
+    "a Django database connection, or a database URL"
+)
+_USE_ASYNC = (
+    "give a psycopg 3 AsyncConnection, a SQLAlchemy AsyncConnection or AsyncSession, "
+    "or a database URL"
+)
+_SQLALCHEMY_FIX = "create the engine with a postgresql+psycopg:// URL (psycopg 3, sync or async)"
+
+
+def _joined(obj: Any) -> Conn:
+    """The psycopg connection under an ORM's connection, inside its open transaction."""
+    module = type(obj).__module__
+    if isinstance(obj, psycopg.AsyncConnection) or type(obj).__name__.startswith("Async"):
+        raise InvalidInput(f"{type(obj).__name__} is asynchronous: use rota.enqueue_async")
+    if module.startswith("sqlalchemy."):
+        from sqlalchemy.engine import Connection
+
+        sa_conn = obj if isinstance(obj, Connection) else obj.connection()  # a Session
+        if not sa_conn.in_transaction():
+            sa_conn.begin()  # as its first statement would: committed by its commit()
+        raw = sa_conn.connection.driver_connection
+        if isinstance(raw, psycopg.Connection):
+            return raw
+        raise _not_psycopg3(raw, "SQLAlchemy engine", _SQLALCHEMY_FIX)
+    if module.startswith("django.") and hasattr(obj, "ensure_connection"):
+        if obj.vendor != "postgresql":
+            raise InvalidInput(f"Rota needs PostgreSQL; this Django connection is {obj.vendor}")
+        obj.ensure_connection()
+        if isinstance(obj.connection, psycopg.Connection):
+            return obj.connection
+        fix = "install psycopg 3 (Django's PostgreSQL backend uses it over psycopg2)"
+        raise _not_psycopg3(obj.connection, "Django connection", fix)
+    raise InvalidInput(f"Rota cannot use a {type(obj).__name__} as a connection: {_USE}")
+
+
+async def _ajoined(obj: Any) -> AConn:
+    """`_joined()` for asyncio: a SQLAlchemy AsyncConnection or AsyncSession."""
+    name = type(obj).__name__
+    if type(obj).__module__.startswith("sqlalchemy.") and name in (
+        "AsyncConnection",
+        "AsyncSession",
+    ):
+        sa_conn = await obj.connection() if name == "AsyncSession" else obj
+        if not sa_conn.in_transaction():
+            await sa_conn.begin()
+        raw = (await sa_conn.get_raw_connection()).driver_connection
+        if isinstance(raw, psycopg.AsyncConnection):
+            return raw
+        raise _not_psycopg3(raw, "SQLAlchemy engine", _SQLALCHEMY_FIX)
+    if isinstance(obj, psycopg.Connection) or (
+        type(obj).__module__.split(".")[0] in ("sqlalchemy", "django")
+    ):
+        raise InvalidInput(f"{name} is synchronous: use rota.enqueue")
+    raise InvalidInput(f"Rota cannot use a {name} as an async connection: {_USE_ASYNC}")
+
+
+def _not_psycopg3(raw: Any, what: str, fix: str) -> InvalidInput:
+    driver = type(raw).__module__.split(".")[0]
+    return InvalidInput(
+        f"Rota joins the transactions of psycopg 3 connections only; this {what} uses "
+        f"{driver}: {fix}"
+    )
 
 
 def listen(conn: Conn, channel: str) -> None:

@@ -2,20 +2,22 @@
 
 Enqueueing inside the caller's transaction is supported: pass the connection and
 nothing is committed for you, so the job exists if and only if the caller's
-business rows do. A duplicate idempotency key never makes a second row; it
-gives the id of the row that holds the key.
+business rows do. The connection may be psycopg's (`AsyncConnection` for the
+async functions) or an ORM's (see rota.db). Each call is one round trip. A
+duplicate idempotency key never makes a second row; it gives the id of the row
+that holds the key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 
 from psycopg.types.json import Jsonb
 
-from rota import limits, sql
-from rota.db import ConnOrDsn, connection, fetch_all
+from rota import limits, sql, tracing
+from rota.db import AConnOrDsn, ConnOrDsn, aconnection, afetch_all, connection, fetch_all
 from rota.errors import InvalidInput
 from rota.handlers import registered
 from rota.jobs import NewJob
@@ -35,6 +37,7 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int | None = None,
     timeout: float | None = None,
+    group: str | None = None,
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> int:
@@ -43,8 +46,9 @@ def enqueue(
     `priority` is 0 (runs first) to 9; None takes the default of the type's
     handler when one is registered in this process, else 0. `timeout` is the
     seconds each attempt may run (None: the handler's or the worker's default).
+    `group` is the job's concurrency group (a tenant, an account), stored with it.
     """
-    job = NewJob(job_type, payload, key, run_at, delay, max_attempts, priority, timeout)
+    job = NewJob(job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
     return enqueue_many(conn_or_dsn, [job], settings=settings, now=now)[0]
 
 
@@ -58,31 +62,100 @@ def enqueue_many(
     """Enqueue a batch in one statement; ids in input order."""
     if not jobs:
         return []
+    statement, params = _statement(jobs, settings, now)
+    with tracing.producer(jobs) as sent, connection(conn_or_dsn) as conn:
+        if sent is not None:
+            params["trace_context"] = sent.context
+        ids = _ids(fetch_all(conn, statement, params))
+        if None in ids:
+            found = fetch_all(conn, sql.query("ids_for_keys"), _missing(jobs, ids))
+            ids = _filled(jobs, ids, found)
+        if sent is not None:
+            sent.sent(_known(ids))
+    return _known(ids)
+
+
+async def enqueue_async(
+    aconn_or_dsn: AConnOrDsn,
+    job_type: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    priority: int | None = None,
+    timeout: float | None = None,
+    group: str | None = None,
+    settings: QueueSettings = _DEFAULTS,
+    now: datetime | None = None,
+) -> int:
+    """`enqueue` for asyncio, on a psycopg `AsyncConnection` (in its transaction, never
+    committed for it), a SQLAlchemy `AsyncConnection` or `AsyncSession`, or a DSN."""
+    job = NewJob(job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
+    return (await enqueue_many_async(aconn_or_dsn, [job], settings=settings, now=now))[0]
+
+
+async def enqueue_many_async(
+    aconn_or_dsn: AConnOrDsn,
+    jobs: Sequence[NewJob],
+    *,
+    settings: QueueSettings = _DEFAULTS,
+    now: datetime | None = None,
+) -> list[int]:
+    """`enqueue_many` for asyncio: one statement, ids in input order."""
+    if not jobs:
+        return []
+    statement, params = _statement(jobs, settings, now)
+    with tracing.producer(jobs) as sent:
+        async with aconnection(aconn_or_dsn) as conn:
+            if sent is not None:
+                params["trace_context"] = sent.context
+            ids = _ids(await afetch_all(conn, statement, params))
+            if None in ids:
+                found = await afetch_all(conn, sql.query("ids_for_keys"), _missing(jobs, ids))
+                ids = _filled(jobs, ids, found)
+        if sent is not None:
+            sent.sent(_known(ids))
+    return _known(ids)
+
+
+def _statement(
+    jobs: Sequence[NewJob], settings: QueueSettings, now: datetime | None
+) -> tuple[LiteralString, dict[str, Any]]:
+    """The statement that enqueues `jobs` and its parameters, everything checked first."""
     payloads = [_checked(job, settings) for job in jobs]
     handlers = registered()
     priorities = [_priority(job, handlers) for job in jobs]
-    with connection(conn_or_dsn) as conn:
-        if len(jobs) == 1:
-            # One job: a single-row INSERT, a third of the batch statement's time.
-            params = _one_params(jobs[0], payloads[0], priorities[0], settings, now)
-            rows = fetch_all(conn, sql.query("enqueue_job"), params)
-            ids: list[int | None] = [rows[0]["id"] if rows else None]
-        else:
-            params = _batch_params(jobs, payloads, priorities, settings, now)
-            ids = [row["id"] for row in fetch_all(conn, sql.query("enqueue_jobs"), params)]
-        if None in ids:
-            # A concurrent transaction inserted the key after our statement's
-            # snapshot was taken (or, for one job, before it); a new statement
-            # sees its row.
-            missing = [job.key for job, id_ in zip(jobs, ids, strict=True) if id_ is None]
-            found = {
-                r["idempotency_key"]: r["id"]
-                for r in fetch_all(conn, sql.query("ids_for_keys"), {"keys": missing})
-            }
-            ids = [
-                id_ if id_ is not None else found.get(job.key)
-                for job, id_ in zip(jobs, ids, strict=True)
-            ]
+    if len(jobs) == 1:
+        # One job: a single-row INSERT, a third of the batch statement's time.
+        one = _one_params(jobs[0], payloads[0], priorities[0], settings, now)
+        return sql.query("enqueue_job"), one
+    return sql.query("enqueue_jobs"), _batch_params(jobs, payloads, priorities, settings, now)
+
+
+def _ids(rows: list[dict[str, Any]]) -> list[int | None]:
+    """Ids in input order; None for a key the statement found held by a row it could
+    not see (the single-row INSERT returns no row for a known key)."""
+    return [row["id"] for row in rows] or [None]
+
+
+def _missing(jobs: Sequence[NewJob], ids: list[int | None]) -> dict[str, Any]:
+    # A concurrent transaction inserted the key after our statement's snapshot
+    # was taken (or, for one job, before it); a new statement sees its row.
+    return {"keys": [job.key for job, id_ in zip(jobs, ids, strict=True) if id_ is None]}
+
+
+def _filled(
+    jobs: Sequence[NewJob], ids: list[int | None], found: list[dict[str, Any]]
+) -> list[int | None]:
+    by_key = {r["idempotency_key"]: r["id"] for r in found}
+    return [
+        id_ if id_ is not None else by_key.get(job.key) for job, id_ in zip(jobs, ids, strict=True)
+    ]
+
+
+def _known(ids: list[int | None]) -> list[int]:
     if None in ids:  # pragma: no cover - the key's holder rolled back between our two statements
         raise InvalidInput("a job with that key was being inserted concurrently; enqueue again")
     return [int(id_) for id_ in ids if id_ is not None]
@@ -104,7 +177,10 @@ def _batch_params(
         "max_attempts": [job.max_attempts for job in jobs],
         "priorities": priorities,
         "timeouts": [job.timeout for job in jobs],
+        # NULL when no job has a group: unnest pads it, and no list is sent.
+        "groups": [job.group for job in jobs] if any(j.group is not None for j in jobs) else None,
         "default_max_attempts": settings.default_max_attempts,
+        "trace_context": None,
         "now": now,
     }
 
@@ -121,7 +197,9 @@ def _one_params(
         "max_attempts": job.max_attempts,
         "priority": priority,
         "timeout": job.timeout,
+        "group": job.group,
         "default_max_attempts": settings.default_max_attempts,
+        "trace_context": None,
         "now": now,
     }
 
@@ -154,5 +232,9 @@ def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
         if not job.key:
             raise InvalidInput("an idempotency key must not be empty")
         limits.text(job.key, "an idempotency key")
+    if job.group is not None:
+        if not isinstance(job.group, str) or not job.group:
+            raise InvalidInput("a group must be a non-empty string")
+        limits.text(job.group, "a group")
     encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
     return Jsonb(job.payload, dumps=lambda _: encoded)

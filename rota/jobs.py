@@ -120,6 +120,8 @@ class Job:
     cancel_requested_at: datetime | None = None
     releases: int = 0
     """Consecutive give-backs that did not count as attempts (outages, shutdowns)."""
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context of the span that enqueued the job (OpenTelemetry)."""
     cancelled: StopSignal = dataclasses.field(default_factory=StopSignal, compare=False, repr=False)
     """Set when the attempt should stop: its timeout passed or somebody cancelled the job.
     A sync handler checks it (or calls `raise_if_cancelled`) between steps; an async
@@ -166,3 +168,5 @@ class NewJob:
     """0 (runs first) to 9; None: the handler's default, else 0."""
     timeout: float | None = None
     """Seconds an attempt may run; None: the handler's or the worker's default."""
+    group: str | None = None
+    """The job's concurrency group (a tenant, an account, a remote host), or none."""

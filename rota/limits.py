@@ -82,15 +82,24 @@ odd number, its backslash ends an escaped backslash: the text \\\\u0000)."""
 def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """The payload as compact JSON ({} for None), refused when too large or when
     it holds a NUL character (jsonb cannot store one)."""
+    return _encode_json({} if payload is None else payload, max_bytes, "payload")
+
+
+def encode_result(value: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
+    """A handler's return value as compact JSON, under the payloads' limits: refused
+    (an error of the attempt that returned it) when it is not JSON, too large, or
+    holds a NUL character."""
+    return _encode_json(value, max_bytes, "the handler's return value")
+
+
+def _encode_json(value: Any, max_bytes: int, what: str) -> str:
     try:
-        encoded = json.dumps(
-            {} if payload is None else payload, separators=(",", ":"), allow_nan=False
-        )
+        encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from None
+        raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
     if _ESCAPED_NUL.search(encoded):
-        raise InvalidInput("payload must not contain a NUL character (jsonb cannot store it)")
+        raise InvalidInput(f"{what} must not contain a NUL character (jsonb cannot store it)")
     size = len(encoded.encode())
     if size > max_bytes:
-        raise InvalidInput(f"payload is {size} bytes, over the limit of {max_bytes} bytes")
+        raise InvalidInput(f"{what} is {size} bytes, over the limit of {max_bytes} bytes")
     return encoded

@@ -5,6 +5,9 @@ Read-only; every query walks an index, never the whole table.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from rota import sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput, JobNotFound
@@ -37,8 +40,24 @@ def list_jobs(
 
 def get_job(conn_or_dsn: ConnOrDsn, job_id: int) -> Job:
     """The job with this id, its whole row; `JobNotFound` when there is none."""
+    return Job.from_row(job_row(conn_or_dsn, job_id))
+
+
+def job_row(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
+    """One job's whole row: a `Job`'s columns and the others (result, errors, group)."""
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("get_job"), {"id": job_id})
     if not rows:
         raise JobNotFound(f"no job with id {job_id}")
-    return Job.from_row(rows[0])
+    return rows[0]
+
+
+def result(conn_or_dsn: ConnOrDsn, job_id: int) -> tuple[Status, Any]:
+    """A job's status and its handler's return value (None until it is done, and
+    for a handler that returned None), archived or not."""
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("job_result"), {"id": job_id})
+    if not rows:
+        raise JobNotFound(f"no job with id {job_id}")
+    text = rows[0]["result"]
+    return Status(rows[0]["status"]), None if text is None else json.loads(text)

@@ -85,8 +85,13 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHOWN_BESIDE = ("group_key", "result", "errors")
+"""Columns `rota jobs show` prints after a Job's own."""
+
+
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    print_json(lookup.get_job(database_url(), args.id).to_row())
+    row = lookup.job_row(database_url(), args.id)
+    print_json(Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE})
     return 0
 
 

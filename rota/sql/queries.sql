@@ -6,29 +6,32 @@
 -- can be matched to its result; a duplicate key (in the table, or earlier in
 -- the same batch) inserts nothing and reports the id that holds the key.
 -- The payloads travel in binary (%(payloads)b): as a text array every JSON
--- document would be quoted and escaped, a third of the client's time.
+-- document would be quoted and escaped, a third of the client's time. A batch
+-- with no groups passes NULL for %(groups)s (unnest pads it with NULLs), and
+-- all of a batch's jobs share one trace context (the batch's span), or none.
 -- ON CONFLICT names the keyed rows (WHERE idempotency_key IS NOT NULL): that
 -- finds the key's unique constraint and the partial unique index alike, the
 -- two ways `rota migrate --key-index` keeps keys unique.
 WITH input AS (
     SELECT t.ord, t.type, t.payload, t.key, t.run_at, t.delay, t.max_attempts, t.priority,
-           t.timeout, nextval(pg_get_serial_sequence('rota.job', 'id')) AS new_id
+           t.timeout, t.group_key, nextval(pg_get_serial_sequence('rota.job', 'id')) AS new_id
     FROM unnest(%(types)s::text[], %(payloads)b::jsonb[], %(keys)s::text[],
                 %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-                %(priorities)s::smallint[], %(timeouts)s::float8[])
+                %(priorities)s::smallint[], %(timeouts)s::float8[], %(groups)s::text[])
          WITH ORDINALITY AS t(type, payload, key, run_at, delay, max_attempts, priority, timeout,
-                              ord)
+                              group_key, ord)
 ),
 inserted AS (
     INSERT INTO rota.job (id, type, payload, idempotency_key, run_at, max_attempts, priority,
-                          timeout_seconds, created_at)
+                          timeout_seconds, created_at, group_key, trace_context)
     OVERRIDING SYSTEM VALUE
     SELECT new_id, type, payload, key,
            coalesce(run_at, coalesce(%(now)s::timestamptz, now())
                             + make_interval(secs => coalesce(delay, 0))),
            coalesce(max_attempts, %(default_max_attempts)s),
            priority, timeout,
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()),
+           group_key, %(trace_context)s::jsonb
     FROM input
     ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -49,14 +52,15 @@ ORDER BY i.ord
 -- included). A known key inserts nothing and returns no row (ON CONFLICT as
 -- in enqueue_jobs).
 INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, priority,
-                      timeout_seconds, created_at)
+                      timeout_seconds, created_at, group_key, trace_context)
 VALUES (%(type)s, %(payload)s, %(key)s,
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, now())
                  + make_interval(secs => coalesce(%(delay)s::float8, 0))),
         coalesce(%(max_attempts)s::int, %(default_max_attempts)s),
         %(priority)s::smallint, %(timeout)s::float8,
-        coalesce(%(now)s::timestamptz, now()))
+        coalesce(%(now)s::timestamptz, now()),
+        %(group)s::text, %(trace_context)s::jsonb)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
@@ -106,7 +110,7 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,
           j.max_attempts, j.locked_by, j.locked_until, j.last_error, j.created_at,
           j.started_at, j.finished_at, j.schedule_id, j.slot, j.priority, j.timeout_seconds,
-          j.cancel_requested_at, j.releases
+          j.cancel_requested_at, j.releases, j.trace_context
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the
@@ -153,6 +157,10 @@ WITH written AS (
         attempts = CASE WHEN f.outcome = 'released' THEN j.attempts - 1 ELSE j.attempts END,
         releases = CASE WHEN f.outcome = 'released' THEN j.releases + 1 ELSE 0 END,
         last_error = coalesce(f.error, j.last_error),
+        errors = CASE WHEN f.error IS NULL THEN j.errors
+                      ELSE rota.errors_with(j.errors, j.attempts,
+                                            coalesce(%(now)s::timestamptz, now()), f.error) END,
+        result = coalesce(f.result, j.result),
         locked_until = NULL,
         finished_at = CASE
             WHEN f.outcome IN ('done', 'failed', 'cancelled')
@@ -160,8 +168,10 @@ WITH written AS (
               OR (f.outcome = 'retry' AND j.attempts >= j.max_attempts)
                 THEN coalesce(%(now)s::timestamptz, now())
         END
+    -- %(results)s is NULL for a batch with no results (unnest pads it with NULLs).
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
-                %(delays)s::float8[], %(errors)s::text[]) AS f(id, attempts, outcome, delay, error)
+                %(delays)s::float8[], %(errors)s::text[], %(results)s::jsonb[])
+         AS f(id, attempts, outcome, delay, error, result)
     -- The plan is driven from the batch and reaches each row by its primary key,
     -- whether planned for these values or generic (psycopg prepares a statement on
     -- its sixth run). The status test does not match the partial index of running
@@ -199,7 +209,8 @@ SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::big
 -- Capped batches and SKIP LOCKED keep many reapers out of each other's way;
 -- each expiration is counted in its UTC hour.
 WITH expired AS (
-    SELECT id
+    SELECT id, 'LeaseExpired: worker ' || coalesce(locked_by, '?')
+               || ' stopped renewing its lease during attempt ' || attempts AS error
     FROM rota.job
     WHERE status = 'running' AND locked_until < coalesce(%(now)s::timestamptz, now())
     ORDER BY locked_until
@@ -219,8 +230,9 @@ reset AS (
         locked_until = NULL,
         finished_at = CASE WHEN j.attempts >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
                            THEN coalesce(%(now)s::timestamptz, now()) END,
-        last_error = 'LeaseExpired: worker ' || coalesce(j.locked_by, '?')
-                     || ' stopped renewing its lease during attempt ' || j.attempts
+        last_error = expired.error,
+        errors = rota.errors_with(j.errors, j.attempts, coalesce(%(now)s::timestamptz, now()),
+                                  expired.error)
     FROM expired
     WHERE j.id = expired.id
     RETURNING j.id, j.status, j.type
@@ -244,6 +256,14 @@ LIMIT %(limit)s
 
 -- name: get_job
 SELECT * FROM rota.job WHERE id = %(id)s
+
+-- name: job_result
+-- A job's status and return value, from rota.job or, once archived, the archive.
+-- The value comes as JSON text, decoded by Rota whatever the connection's loaders.
+SELECT status, result::text AS result FROM rota.job WHERE id = %(id)s
+UNION ALL
+SELECT status, result::text FROM rota.job_archive WHERE id = %(id)s
+LIMIT 1
 
 -- name: queue_age
 -- Age of the oldest job that could run now, how many could, and how many run;

@@ -71,6 +71,7 @@ def test_batch_keeps_input_order_and_folds_duplicate_keys(conn: psycopg.Connecti
         rota.NewJob("t", "text", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
         rota.NewJob("prioritized", [1, 2], priority=7, timeout=2.5),
         rota.NewJob("prioritized"),  # the handler's priority
+        rota.NewJob("t", {"n": 1}, group="tenant-1"),
     ],
 )
 def test_one_job_makes_the_row_a_batch_makes(
@@ -133,6 +134,8 @@ def test_max_attempts_per_job(conn: psycopg.Connection[Any]) -> None:
         ({"run_at": datetime(2030, 1, 1)}, "time zone"),
         ({"key": ""}, "empty"),
         ({"key": "a\x00b"}, "NUL"),
+        ({"group": ""}, "group must be a non-empty string"),
+        ({"group": "a\x00b"}, "NUL"),
         ({"payload": {"a": "\x00"}}, "NUL"),
         ({"payload": {"\x00": 1}}, "NUL"),
         ({"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, "not both"),

@@ -21,8 +21,9 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from rota import db
+from rota import db, limits, tracing
 from rota.claim import Attempt
 from rota.errors import Cancelled, Permanent, Retry
 from rota.handlers import Context, Handler
@@ -44,9 +45,10 @@ OUTAGE_RETRY_MAX_SECONDS = 300.0
 MAX_RELEASES = 10
 """Consecutive outage give-backs a job gets before the next counts as an attempt."""
 
-SyncRunner = Callable[[Handler, Job, Context, Callable[[], None]], Awaitable[None]]
+SyncRunner = Callable[[Handler, Job, Context, Callable[[], None]], Awaitable[Any]]
 """How a sync handler is run: in a thread, or in a child process. It calls the
-last argument when the handler really starts (its time limit runs from then)."""
+last argument when the handler really starts (its time limit runs from then),
+and returns what the handler returned."""
 
 
 class Decided(Exception):
@@ -131,52 +133,54 @@ async def run_attempt(
     run_sync: SyncRunner,
     backoff: BackoffSettings,
 ) -> Attempt:
-    """Run the handler; return what to write, whether it returned, raised or was stopped."""
+    """Run the handler; return what to write, whether it returned, raised or was stopped.
+
+    With OpenTelemetry installed, the attempt runs in a consumer span (see rota.tracing)."""
     job = execution.job
-    started = time.perf_counter()
-    try:
-        if handler is None:
-            raise Permanent(f"no handler registered for job type {job.type!r}")
-        if handler.is_async:
-            args = (job, context) if handler.wants_context else (job,)
-            execution.start_clock()
-            await handler.func(*args)
-        else:
-            await run_sync(handler, job, context, execution.start_clock)
-    except asyncio.CancelledError as exc:
-        current = asyncio.current_task()
-        if execution.stopped is None:
-            if current is not None and current.cancelling():
-                raise  # not ours: the loop itself is going away
-            # Nobody stopped the attempt: the handler raised it itself.
-            outcome = raised_cancel(job, exc, backoff)
-        else:
-            if current is not None and current.cancelling():
-                current.uncancel()
+    outcome: Attempt | None = None
+    with tracing.consumer(job) as span:
+        started = time.perf_counter()
+        try:
+            if handler is None:
+                raise Permanent(f"no handler registered for job type {job.type!r}")
+            if handler.is_async:
+                args = (job, context) if handler.wants_context else (job,)
+                execution.start_clock()
+                value = await handler.func(*args)
+            else:
+                value = await run_sync(handler, job, context, execution.start_clock)
+            result = None if value is None else limits.encode_result(value)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if execution.stopped is None:
+                if current is not None and current.cancelling():
+                    raise  # not ours: the loop itself is going away
+                # Nobody stopped the attempt: the handler raised it itself.
+                outcome = raised_cancel(job, exc, backoff)
+            else:
+                if current is not None and current.cancelling():
+                    current.uncancel()
+                outcome = stopped_outcome(execution, backoff)
+        except Cancelled:
             outcome = stopped_outcome(execution, backoff)
-    except Cancelled:
-        outcome = stopped_outcome(execution, backoff)
-    except Decided as decided:
-        outcome = decided.attempt
-    except BaseException as exc:
-        outcome = outcome_of_error(job, exc, backoff)
-    else:
-        # The common case, built once with its type and duration.
-        return Attempt(
-            job.id,
-            job.attempts,
-            Outcome.DONE,
-            0.0,
-            None,
-            job.type,
-            time.perf_counter() - started,
-            execution,
-        )
-    finally:
-        execution.stop_clock()
-    return dataclasses.replace(
-        outcome, type=job.type, duration_seconds=time.perf_counter() - started, owner=execution
-    )
+        except Decided as decided:
+            outcome = decided.attempt
+        except BaseException as exc:
+            outcome = outcome_of_error(job, exc, backoff)
+        finally:
+            execution.stop_clock()
+        duration = time.perf_counter() - started
+        if outcome is None:  # the common case, built once with its type and duration
+            attempt = Attempt(
+                job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, duration, execution, result
+            )
+        else:
+            attempt = dataclasses.replace(
+                outcome, type=job.type, duration_seconds=duration, owner=execution
+            )
+        if span is not None:
+            tracing.ended(span, attempt.outcome, attempt.error)
+    return attempt
 
 
 def raised_cancel(job: Job, exc: BaseException, backoff: BackoffSettings) -> Attempt:

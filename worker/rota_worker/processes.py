@@ -24,9 +24,10 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rota import limits
 from rota.claim import Attempt
 from rota.handlers import Context, Handler, registered
-from rota.jobs import Job
+from rota.jobs import Job, Outcome
 from rota.settings import BackoffSettings
 from rota_worker.execute import Decided, outcome_of_error
 
@@ -71,8 +72,11 @@ def _child_main(
         handler = handlers[job.type]
         args = (job, context) if handler.wants_context else (job,)
         try:
-            handler.func(*args)
+            value = handler.func(*args)
             reply: Attempt | None = None
+            if value is not None:
+                result = limits.encode_result(value)
+                reply = Attempt(job.id, job.attempts, Outcome.DONE, result=result)
         except BaseException as exc:
             reply = outcome_of_error(job, exc, backoff)
         current.clear()

@@ -11,10 +11,12 @@ Kubernetes restarts the pod (the only way to reclaim them).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from rota.handlers import Context, Handler
 from rota.jobs import Job
@@ -41,12 +43,15 @@ class ThreadRunner:
 
     async def __call__(
         self, handler: Handler, job: Job, context: Context, started: Callable[[], None]
-    ) -> None:
+    ) -> Any:
         args = (job, context) if handler.wants_context else (job,)
         started()
-        future = self._pool.submit(functools.partial(handler.func, *args))
+        # In a copy of this task's context, as asyncio.to_thread does: the handler's
+        # own spans (OpenTelemetry) are children of its attempt's.
+        call = functools.partial(handler.func, *args)
+        future = self._pool.submit(contextvars.copy_context().run, call)
         try:
-            await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             if not future.done():
                 self._abandon(future)
