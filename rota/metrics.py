@@ -1,12 +1,25 @@
 """The queue's measures, for Prometheus and for `rota status`.
 
-Two kinds of measure live here. The database measures (queue depth, the age of
-the oldest ready job, dead letters, lease expirations, missed schedule slots)
-are read by `read_status` with queries that touch only partial indexes and small
-side tables, never every row of ``rota.job``; `DatabaseCollector` serves them,
-cached for a few seconds so any number of scrapers costs one round of queries.
-The in-process measures (finished jobs by outcome, durations, attempts) are
-counted by the worker through `record_outcome`.
+Two kinds of measure live here, served by different processes so that every
+series exists once per installation:
+
+- The queue-wide measures (jobs by status, the age of the oldest ready job,
+  running jobs, dead letters and deaths, lease expirations, missed schedule
+  slots, paused types, live workers) are read by `read_status` with queries
+  that touch only partial indexes and small side tables, never every row of
+  ``rota.job``. `QueueCollector` serves them. Any number of processes may run
+  one (the operator does, `rota exporter` does); only the one holding the
+  database's exporter lock serves them, the others serve
+  ``rota_queue_exporter_leader 0``, so a ``sum()`` over a database never counts
+  a figure twice. Reads are cached for a few seconds, so any number of scrapers
+  costs one round of queries.
+- A worker's own measures (jobs it finished by outcome, handler durations,
+  attempts at the end, what it runs now, its slots) are counted by the worker
+  (`record_outcomes`) and served by `WorkerCollector`.
+
+The ``type`` label is bounded: a process gives at most `MetricsSettings.max_types`
+job types a label of their own; the rest are folded into ``type="other"``.
+No ``_created`` series are served.
 
 This module never decides anything from what it measures: it only reports.
 """
@@ -14,13 +27,17 @@ This module never decides anything from what it measures: it only reports.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import math
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,10 +46,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from rota.db import Conn, connect, is_unavailable
-from rota.errors import RotaError
+from rota import sql
+from rota.db import Conn, connect, fetch_all, is_unavailable
+from rota.errors import InvalidInput, RotaError
 from rota.jobs import Outcome, Status
-from rota.status import QueueStatus, read_status
+from rota.status import QueueStatus, TypeStatus, read_status
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +58,91 @@ FINAL_OUTCOMES = frozenset({Outcome.DONE, Outcome.FAILED, Outcome.DEAD, Outcome.
 """Outcomes that end a job's life: only these feed the attempts histogram."""
 
 DURATION_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+    0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1, 1.5, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600,
 )  # fmt: skip
-"""Upper bounds of `rota_job_duration_seconds`, in seconds."""
+"""Default upper bounds of `rota_job_duration_seconds`, in seconds: each at most
+1.5 times the one below from 20 ms to 2 min, so an interpolated quantile is off
+by less than half its value (the documented panels read p50 and p95)."""
 
-ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100)
-"""Upper bounds of `rota_job_attempts`."""
+ATTEMPT_BUCKETS = (*range(1, 21), 25, 30, 40, 50, 75, 100)
+"""Upper bounds of `rota_job_attempts`: one bucket per whole number up to
+`EXACT_ATTEMPTS`, so ``ceil(histogram_quantile(...))`` is the exact quantile."""
+
+EXACT_ATTEMPTS = 20
+"""Attempt quantiles are exact up to this many attempts."""
+
+DEFAULT_MAX_TYPES = 50
+"""Job types a process labels by name before folding the rest into "other"."""
+
+OTHER_TYPE = "other"
+"""The ``type`` label of every job type beyond `MetricsSettings.max_types`."""
 
 _KNOWN_OUTCOMES = frozenset(Outcome)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """What the operator of an installation may tune (`from_env` reads it)."""
+
+    duration_buckets: tuple[float, ...] = DURATION_BUCKETS
+    """Upper bounds of rota_job_duration_seconds (ROTA_METRICS_DURATION_BUCKETS)."""
+    max_types: int = DEFAULT_MAX_TYPES
+    """Job types labelled by name; the rest are "other" (ROTA_METRICS_MAX_TYPES)."""
+
+    def __post_init__(self) -> None:
+        bounds = self.duration_buckets
+        if not bounds or any(b <= 0 or math.isinf(b) for b in bounds):
+            raise InvalidInput(f"duration buckets must be positive seconds, not {bounds}")
+        if list(bounds) != sorted(set(bounds)):
+            raise InvalidInput(f"duration buckets must increase: {bounds}")
+        if self.max_types < 1:
+            raise InvalidInput(f"the most job types labelled must be 1 or more: {self.max_types}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> MetricsSettings:
+        """ROTA_METRICS_DURATION_BUCKETS ("0.1,0.5,2") and ROTA_METRICS_MAX_TYPES."""
+        fields: dict[str, Any] = {}
+        text = environ.get("ROTA_METRICS_DURATION_BUCKETS", "").strip()
+        if text:
+            try:
+                fields["duration_buckets"] = tuple(float(b) for b in text.split(","))
+            except ValueError:
+                raise InvalidInput(
+                    f"ROTA_METRICS_DURATION_BUCKETS must be seconds separated by commas: {text!r}"
+                ) from None
+        text = environ.get("ROTA_METRICS_MAX_TYPES", "").strip()
+        if text:
+            try:
+                fields["max_types"] = int(text)
+            except ValueError:
+                raise InvalidInput(f"ROTA_METRICS_MAX_TYPES must be a number: {text!r}") from None
+        return cls(**fields)
+
+
+class TypeLabels:
+    """The ``type`` label of each job type: its name for the first `max_types`
+    types given a label (`declare` first, then in the order they are seen), and
+    "other" for every later one. A type's label never changes once given."""
+
+    def __init__(self, max_types: int) -> None:
+        self.max_types = max_types
+        self._given: dict[str, str] = {}
+        self._named = 0
+
+    def declare(self, job_types: Iterable[str]) -> None:
+        for job_type in job_types:
+            self(job_type)
+
+    def __call__(self, job_type: str) -> str:
+        label = self._given.get(job_type)
+        if label is None:
+            if self._named < self.max_types and job_type != OTHER_TYPE:
+                label, self._named = job_type, self._named + 1
+            else:
+                label = OTHER_TYPE
+            self._given[job_type] = label
+        return label
 
 
 class _Buckets:
@@ -59,6 +154,10 @@ class _Buckets:
         self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
         self.total = 0.0
 
+    def add(self, bounds: tuple[float, ...], value: float) -> None:
+        self.counts[bisect.bisect_left(bounds, value)] += 1
+        self.total += value
+
     def cumulative(self, bounds: tuple[float, ...]) -> list[tuple[str, float]]:
         running = 0
         out: list[tuple[str, float]] = []
@@ -69,19 +168,37 @@ class _Buckets:
 
 
 class RunCounter:
-    """The worker's own measures: finished jobs by outcome, durations, attempts.
+    """A worker's own measures: finished jobs by outcome, durations, attempts.
 
     Counted a batch at a time under one lock: prometheus_client's metric objects
     take a lock per value they change (the sum and a bucket of each histogram, for
     every job): 2.5-4 us a job, against 1.0-1.4 here.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: MetricsSettings | None = None) -> None:
         self._lock = threading.Lock()
-        self._created = time.time()
-        self._finished: dict[tuple[str, str], int] = {}
-        self._durations: dict[str, _Buckets] = {}
-        self._attempts = _Buckets(ATTEMPT_BUCKETS)
+        self.configure(settings or MetricsSettings())
+
+    def configure(self, settings: MetricsSettings) -> None:
+        """Start over with `settings` (a worker does this once, before its first job)."""
+        with self._lock:
+            self.settings = settings
+            self._labels = TypeLabels(settings.max_types)
+            self._finished: dict[tuple[str, str], int] = {}
+            self._durations: dict[str, _Buckets] = {}
+            self._attempts: dict[str, _Buckets] = {}
+
+    def declare(self, job_types: Iterable[str]) -> None:
+        """Serve the counters of these types from 0, before their first job ends.
+
+        A counter series that appears with its first increment hides that
+        increment from ``increase()``; declared types start at 0 instead, and
+        get their labels first (in the order given)."""
+        with self._lock:
+            for job_type in job_types:
+                label = self._labels(job_type)
+                for outcome in Outcome:
+                    self._finished.setdefault((label, str(outcome)), 0)
 
     def record(self, runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
         """Count a batch of handler runs, each (type, outcome, duration seconds, attempts)."""
@@ -92,19 +209,26 @@ class RunCounter:
                     f"unknown outcome {outcome!r}; expected one of {', '.join(Outcome)}"
                 )
         with self._lock:
+            bounds = self.settings.duration_buckets
             finished, durations, attempts = self._finished, self._durations, self._attempts
             for job_type, outcome, duration_seconds, tries in batch:
-                key = (job_type, str(outcome))
+                label = self._labels(job_type)
+                key = (label, str(outcome))
                 finished[key] = finished.get(key, 0) + 1
-                series = durations.get(job_type)
+                series = durations.get(label)
                 if series is None:
-                    series = durations[job_type] = _Buckets(DURATION_BUCKETS)
-                seconds = max(0.0, duration_seconds)
-                series.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
-                series.total += seconds
+                    series = durations[label] = _Buckets(bounds)
+                series.add(bounds, max(0.0, duration_seconds))
                 if outcome in FINAL_OUTCOMES:
-                    attempts.counts[bisect.bisect_left(ATTEMPT_BUCKETS, tries)] += 1
-                    attempts.total += tries
+                    tried = attempts.get(label)
+                    if tried is None:
+                        tried = attempts[label] = _Buckets(ATTEMPT_BUCKETS)
+                    tried.add(ATTEMPT_BUCKETS, tries)
+
+    def label(self, job_type: str) -> str:
+        """The ``type`` label this counter gives `job_type`."""
+        with self._lock:
+            return self._labels(job_type)
 
     def describe(self) -> list[Metric]:
         return self._families()
@@ -114,30 +238,34 @@ class RunCounter:
             return self._families()
 
     def _families(self) -> list[Metric]:
-        created = self._created
         finished = CounterMetricFamily(
             "rota_jobs_finished",
-            "Jobs a worker let go of, by type and outcome (" + ", ".join(Outcome) + ").",
+            "Attempts this worker let go of, by type and outcome (" + ", ".join(Outcome) + ").",
             labels=["type", "outcome"],
         )
         for (job_type, outcome), count in sorted(self._finished.items()):
-            finished.add_metric([job_type, outcome], count, created=created)
+            finished.add_metric([job_type, outcome], count)
+        bounds = self.settings.duration_buckets
         duration = HistogramMetricFamily(
             "rota_job_duration_seconds",
-            "How long a handler ran, whatever its outcome, in seconds.",
+            "How long a handler ran on this worker, whatever its outcome, in seconds.",
             labels=["type"],
         )
         for job_type, series in sorted(self._durations.items()):
-            duration.add_metric([job_type], series.cumulative(DURATION_BUCKETS), series.total)
+            duration.add_metric([job_type], series.cumulative(bounds), series.total)
         attempts = HistogramMetricFamily(
-            "rota_job_attempts", "Attempts a job had used when it ended (done, failed or dead)."
+            "rota_job_attempts",
+            "Attempts a job had used when it ended on this worker (done, failed, dead or"
+            " cancelled); one bucket per whole number up to 20.",
+            labels=["type"],
         )
-        attempts.add_metric([], self._attempts.cumulative(ATTEMPT_BUCKETS), self._attempts.total)
+        for job_type, series in sorted(self._attempts.items()):
+            attempts.add_metric([job_type], series.cumulative(ATTEMPT_BUCKETS), series.total)
         return [finished, duration, attempts]
 
 
 RUNS = RunCounter()
-"""This process's counts, served by every registry `build_registry` makes."""
+"""This process's counts, served by `worker_registry`."""
 
 
 def record_outcome(job_type: str, outcome: Outcome, duration_seconds: float, attempts: int) -> None:
@@ -150,11 +278,74 @@ def record_outcomes(runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
     RUNS.record(runs)
 
 
-# -- serving it to Prometheus --------------------------------------------------------
+class WorkerCollector:
+    """What one worker is doing now: its slots and the jobs it runs, by type.
+
+    `running` returns the types of the jobs the worker holds now (one entry per
+    job); `slots` is its concurrency. Every worker serves `rota_worker_slots`,
+    so an alert can tell a worker that is scraped from none at all."""
+
+    def __init__(self, slots: int, running: Callable[[], Iterable[str]], runs: RunCounter) -> None:
+        self.slots = slots
+        self._running = running
+        self._runs = runs
+
+    def describe(self) -> list[Metric]:
+        return self._families(())
+
+    def collect(self) -> list[Metric]:
+        return self._families(self._running())
+
+    def _families(self, running: Iterable[str]) -> list[Metric]:
+        slots = GaugeMetricFamily(
+            "rota_worker_slots", "Jobs this worker may run at once (its concurrency)."
+        )
+        slots.add_metric([], self.slots)
+        mine = GaugeMetricFamily(
+            "rota_worker_running_jobs", "Jobs this worker runs now, by type.", labels=["type"]
+        )
+        counts: dict[str, int] = {}
+        for job_type in running:
+            label = self._runs.label(job_type)
+            counts[label] = counts.get(label, 0) + 1
+        for label, count in sorted(counts.items()):
+            mine.add_metric([label], count)
+        return [slots, mine]
 
 
-def _families(status: QueueStatus | None) -> list[Metric]:
-    """The database measures as metric families (empty families without `status`)."""
+# -- the queue-wide measures -----------------------------------------------------------
+
+
+def _fold(types: Mapping[str, TypeStatus], named: Set[str]) -> dict[str, TypeStatus]:
+    """The types in `named` as they are; the rest summed into "other" (its age the
+    oldest of theirs, paused only when all of them are)."""
+    kept = {name: measures for name, measures in types.items() if name in named}
+    rest = [measures for name, measures in types.items() if name not in named]
+    if rest:
+        fields = {
+            f.name: sum(getattr(t, f.name) for t in rest)
+            for f in dataclasses.fields(TypeStatus)
+            if f.type in ("int", int)
+        }
+        kept[OTHER_TYPE] = TypeStatus(
+            **fields,
+            oldest_ready_age_seconds=max(t.oldest_ready_age_seconds for t in rest),
+            paused=all(t.paused for t in rest),
+        )
+    return kept
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueReading:
+    """One read of the queue-wide measures."""
+
+    status: QueueStatus
+    dead_totals: dict[str, int]
+    """Jobs that ever went dead, by type."""
+
+
+def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric]:
+    """The queue-wide measures as metric families (empty families without `reading`)."""
     age = GaugeMetricFamily(
         "rota_oldest_ready_job_age_seconds",
         "Seconds the oldest ready job with run_at <= now has waited past its run_at (0 if none).",
@@ -167,6 +358,12 @@ def _families(status: QueueStatus | None) -> list[Metric]:
         "rota_running_jobs", "Jobs running now (lease held), by type.", labels=["type"]
     )
     dead = GaugeMetricFamily("rota_dead_jobs", "Jobs in the dead-letter list (status dead).")
+    deaths = CounterMetricFamily(
+        "rota_jobs_dead",
+        "Jobs that went dead (max_attempts used up), ever, by type; `dead retry` and"
+        " archiving never lower it.",
+        labels=["type"],
+    )
     expired = CounterMetricFamily(
         "rota_lease_expirations", "Leases the reaper found expired (worker gone), ever."
     )
@@ -177,78 +374,122 @@ def _families(status: QueueStatus | None) -> list[Metric]:
     )
     missed = CounterMetricFamily(
         "rota_schedule_missed_slots",
-        "Slots a schedule missed while no scheduler ran.",
-        labels=["schedule"],
+        "Slots a schedule missed while no scheduler ran, with the schedule's job type.",
+        labels=["schedule", "type"],
     )
     live_workers = GaugeMetricFamily(
-        "rota_workers", "Live workers: registered in rota.worker, their rows not expired."
+        "rota_workers",
+        "Live workers: registered in rota.worker, row not expired, connection still open.",
     )
-    if status is not None:
+    if reading is not None:
+        status = reading.status
+        every = {*status.types, *reading.dead_totals, *(s.job_type for s in status.schedules)}
+        named = set(sorted(every - {OTHER_TYPE})[:max_types])
+
+        def label(job_type: str) -> str:
+            return job_type if job_type in named else OTHER_TYPE
+
         live_workers.add_metric([], status.workers)
-        for job_type, measures in status.types.items():
+        for job_type, measures in _fold(status.types, named).items():
             age.add_metric([job_type], measures.oldest_ready_age_seconds)
             running.add_metric([job_type], measures.running)
             for name in Status:
                 jobs.add_metric([name.value, job_type], measures.count(name))
-        dead.add_metric([], status.dead_jobs)
-        expired.add_metric([], status.lease_expirations.total)
-        for schedule in status.schedules:
-            missed.add_metric([schedule.name], schedule.missed_slots)
-        for job_type, measures in status.types.items():
             paused.add_metric([job_type], 1 if measures.paused else 0)
         if "*" in status.paused:
             paused.add_metric(["*"], 1)
-    return [age, jobs, running, dead, expired, missed, paused, live_workers]
+        dead.add_metric([], status.dead_jobs)
+        totals: dict[str, int] = {}
+        for job_type, total in reading.dead_totals.items():
+            totals[label(job_type)] = totals.get(label(job_type), 0) + total
+        for job_type, total in sorted(totals.items()):
+            deaths.add_metric([job_type], total)
+        expired.add_metric([], status.lease_expirations.total)
+        for schedule in status.schedules:
+            missed.add_metric([schedule.name, label(schedule.job_type)], schedule.missed_slots)
+    return [age, jobs, running, dead, deaths, expired, missed, paused, live_workers]
 
 
-class DatabaseCollector:
-    """Serves `read_status` as metrics, reading the database at most once per interval.
+class QueueCollector:
+    """Serves the queue-wide measures, once per database, at most one read per interval.
 
-    Scrapes that arrive within `cache_seconds` of the last read share its result,
-    so many Prometheus servers (or many pods each serving these measures) cost
-    the database one round of cheap queries per interval. A failed read is also
-    remembered for the interval; while the database is unreachable the database
-    measures are simply absent, never stale.
+    Before each read it takes (or finds it holds) the exporter lock on its own
+    connection; without it, it serves only ``rota_queue_exporter_leader 0``.
+    The lock goes with the connection, so when the serving process dies another
+    takes over at its next scrape. Scrapes within `cache_seconds` of the last
+    read share its result. A failed read is remembered for the interval too;
+    while the database is unreachable the measures are absent, never stale.
     """
 
     def __init__(
-        self, dsn: str, *, cache_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic
+        self,
+        dsn: str,
+        *,
+        cache_seconds: float = 5.0,
+        settings: MetricsSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.dsn = dsn
         self.cache_seconds = cache_seconds
+        self.settings = settings or MetricsSettings()
         self._clock = clock
         self._lock = threading.Lock()
         self._conn: Conn | None = None
-        self._status: QueueStatus | None = None
+        self._reading: QueueReading | None = None
+        self._leader: bool | None = None
         self._read_at = -math.inf
         self.reads = 0
         """How many times the database was read (for tests and debugging)."""
 
     def describe(self) -> list[Metric]:
-        return _families(None)
+        return [*_queue_families(None, 1), self._leader_family(None)]
 
     def collect(self) -> Iterator[Metric]:
-        yield from _families(self.status())
-
-    def status(self) -> QueueStatus | None:
-        """The latest measures, read again when the cached ones are too old."""
         with self._lock:
             if self._clock() - self._read_at >= self.cache_seconds:
-                self._status = self._read()
+                self._leader, self._reading = self._read(lead=True)
                 self._read_at = self._clock()
-            return self._status
+            leader, reading = self._leader, self._reading
+        yield from _queue_families(reading if leader else None, self.settings.max_types)
+        yield self._leader_family(leader)
 
-    def _read(self) -> QueueStatus | None:
-        self.reads += 1
+    @staticmethod
+    def _leader_family(leader: bool | None) -> Metric:
+        family = GaugeMetricFamily(
+            "rota_queue_exporter_leader",
+            "1 when this process serves the queue-wide measures of its database, 0 when"
+            " another one does.",
+        )
+        if leader is not None:
+            family.add_metric([], 1 if leader else 0)
+        return family
+
+    def status(self) -> QueueStatus | None:
+        """The queue-wide measures now, whoever serves them (None: database unreachable)."""
+        with self._lock:
+            _, reading = self._read(lead=False)
+        return reading.status if reading is not None else None
+
+    def _read(self, *, lead: bool) -> tuple[bool | None, QueueReading | None]:
+        """(whether this process holds the exporter lock, None when the database
+        is unreachable; the reading, None when not read)."""
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, application_name="rota-metrics")
-            return read_status(self._conn)
+            conn = self._conn
+            leader = bool(fetch_all(conn, sql.query("metrics_exporter_lead"))[0]["leader"])
+            if lead and not leader:
+                return False, None
+            self.reads += 1
+            totals = fetch_all(conn, sql.query("metrics_dead_totals"))
+            return leader, QueueReading(
+                read_status(conn), {r["type"]: int(r["total"]) for r in totals}
+            )
         except RotaError as exc:
             log.warning("metrics: cannot read the database: %s", exc)
             if is_unavailable(exc):
                 self.close_connection()
-            return None
+            return None, None
 
     def close_connection(self) -> None:
         if self._conn is not None:
@@ -257,15 +498,60 @@ class DatabaseCollector:
 
 
 def metric_types() -> dict[str, str]:
-    """Every metric `build_registry` serves, family name -> Prometheus type (for tests, docs)."""
-    found = {family.name: family.type for family in _families(None)}
-    found.update((family.name, family.type) for family in RUNS.describe())
+    """Every metric Rota's worker and queue exporter serve, family name -> Prometheus
+    type (for tests and docs)."""
+    found = {family.name: family.type for family in QueueCollector("").describe()}
+    found.update((family.name, family.type) for family in RunCounter().describe())
+    found.update((family.name, family.type) for family in WorkerCollector(1, list, RUNS).describe())
     return found
 
 
-def build_registry(dsn: str, *, cache_seconds: float = 5.0) -> CollectorRegistry:
-    """A registry with the database measures and this process's job counters."""
+def queue_registry(
+    dsn: str, *, cache_seconds: float = 5.0, settings: MetricsSettings | None = None
+) -> CollectorRegistry:
+    """A registry with the queue-wide measures (what `rota exporter` serves)."""
     registry = CollectorRegistry()
-    registry.register(DatabaseCollector(dsn, cache_seconds=cache_seconds))
-    registry.register(RUNS)
+    registry.register(QueueCollector(dsn, cache_seconds=cache_seconds, settings=settings))
     return registry
+
+
+def worker_registry(slots: int, running: Callable[[], Iterable[str]]) -> CollectorRegistry:
+    """A registry with this process's job counters and what it runs now (a worker's)."""
+    registry = CollectorRegistry()
+    registry.register(RUNS)
+    registry.register(WorkerCollector(slots, running, RUNS))
+    return registry
+
+
+# -- serving over HTTP -----------------------------------------------------------------
+
+Page = Callable[[], tuple[int, bytes, str]]
+"""What a path answers: (status code, body, content type)."""
+
+
+def serve_pages(host: str, port: int, pages: Mapping[str, Page], name: str) -> ThreadingHTTPServer:
+    """Serve `pages` (path -> its answer) from a thread of its own; other paths are 404.
+    The server's `server_address` says the port it got (`port` 0: any free one)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            page = pages.get(self.path)
+            code, body, ctype = page() if page else (404, b"not found\n", "text/plain")
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
+
+
+def metrics_page(registry: CollectorRegistry) -> Page:
+    """The answer of /metrics: `registry` in Prometheus's text format."""
+    return lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST)

@@ -4,6 +4,9 @@ A worker registers when it starts, refreshes its row on every heartbeat and
 deregisters when it stops. A worker that dies without deregistering stops
 refreshing, so its row expires after `ttl` seconds and is then deleted by the
 next refresh of any other worker; readers count only unexpired rows either way.
+The connection that registers and refreshes also holds a presence lock (an
+advisory lock PostgreSQL drops when the connection ends), so `live_count`
+stops counting a killed worker at once instead of after its row's `ttl`.
 
 The refresh also records the minute's queue sample (`record_sample`), so the
 console's charts have a history whenever any worker runs. This module never
@@ -89,6 +92,7 @@ def register(
     """Insert (or renew from scratch) the worker's row."""
     with connection(conn_or_dsn) as conn:
         fetch_all(conn, sql.query("worker_register"), _params(info, ttl, now))
+        fetch_all(conn, sql.query("worker_presence_hold"), {"id": info.id})
 
 
 def refresh(
@@ -100,6 +104,7 @@ def refresh(
     """A heartbeat: keep the row alive, delete expired rows, sample the queue."""
     with connection(conn_or_dsn) as conn:
         fetch_all(conn, sql.query("worker_refresh"), _params(info, ttl, now))
+        fetch_all(conn, sql.query("worker_presence_hold"), {"id": info.id})
         fetch_all(conn, sql.query("worker_expire"), {"now": now})
     record_sample(conn_or_dsn, now=now)
 

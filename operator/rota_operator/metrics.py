@@ -1,10 +1,14 @@
 """The operator's own measures on /metrics, and /healthz for the liveness probe.
 
 The server runs on the operator's event loop, so a /healthz answer also says
-that the loop is not stuck. Besides its own measures, the operator serves the
-database measures (queue age, counts, dead letters, missed slots): it is the
-one process that runs while a pool is scaled to zero, so alerts on a waiting
-queue still have a source then. Those are read in a thread, never on the loop.
+that the loop is not stuck. Besides its own measures, the operator is the queue
+exporter of its installation: it serves the queue-wide measures (queue age,
+counts, dead letters, missed slots, live workers; `rota.metrics.QueueCollector`),
+as the one process that runs while a pool is scaled to zero, so alerts on a
+waiting queue still have a source then. Standby replicas (or a `rota exporter`
+beside it) serve them only if they hold the database's exporter lock, so every
+figure exists once. Those are read in a thread, never on the loop. No
+`_created` series are served.
 """
 
 from __future__ import annotations
@@ -14,10 +18,18 @@ import contextlib
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from rota.metrics import DatabaseCollector
+from rota.metrics import MetricsSettings, QueueCollector
+
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -52,16 +64,16 @@ def record_error(resource: str, reason: str) -> None:
     RECONCILE_ERRORS.labels(resource=resource, reason=reason).inc()
 
 
-_database: list[DatabaseCollector] = []
-"""The database collector being served (at most one)."""
+_database: list[QueueCollector] = []
+"""The queue collector being served (at most one)."""
 
 
 def serve_database_measures(dsn: str) -> None:
-    """Serve the database measures of `rota.metrics` for `dsn` (replacing any earlier one)."""
+    """Serve the queue-wide measures of `rota.metrics` for `dsn` (replacing any earlier one)."""
     while _database:
         with contextlib.suppress(KeyError):  # already taken out of the registry
             REGISTRY.unregister(_database.pop())
-    collector = DatabaseCollector(dsn)
+    collector = QueueCollector(dsn, settings=MetricsSettings.from_env())
     REGISTRY.register(collector)
     _database.append(collector)
 

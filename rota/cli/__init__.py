@@ -31,6 +31,7 @@ _MODULES = [
     "rota.cli.services",  # reaper, scheduler, archive
     "rota.cli.schedule",  # schedule ...
     "rota.cli.status",  # status
+    "rota.cli.exporter",  # exporter
     "rota.cli.web",  # web
 ]
 PLUGIN_GROUP = "rota.commands"

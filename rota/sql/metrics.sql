@@ -63,3 +63,23 @@ ORDER BY hour
 SELECT name, job_type, suspend, missed_slots, skipped_slots, next_run_at
 FROM rota.schedule
 ORDER BY name
+
+-- name: metrics_dead_totals
+-- Jobs that ever went dead, per type (migration 0010's trigger-kept counts).
+SELECT type, sum(count)::bigint AS total
+FROM rota.job_dead_count
+GROUP BY type
+ORDER BY type
+
+-- name: metrics_exporter_lead
+-- One process per database serves the queue-wide measures: the one whose
+-- metrics connection holds this session lock (key 1383036001 = "Rota", 0).
+-- It is released when that connection ends, and the next scrape of another
+-- exporter takes it.
+SELECT CASE
+           WHEN EXISTS (SELECT 1 FROM pg_locks
+                        WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+                          AND classid = 1383036001::oid AND objid = 0::oid AND objsubid = 2)
+           THEN true  -- held already (session locks stack: do not take it twice)
+           ELSE pg_try_advisory_lock(1383036001, 0)
+       END AS leader

@@ -31,7 +31,7 @@ WHERE expires_at < coalesce(%(now)s::timestamptz, now())
 RETURNING id
 
 -- name: worker_list
--- Live workers, each with what it runs now: how many running rows it holds
+-- Live workers (unexpired rows whose presence lock is held, as worker_live_count), each with what it runs now: how many running rows it holds
 -- (by locked_by) and the first few of them.
 SELECT w.id, w.host, w.pid, w.concurrency, w.types, w.started_at, w.seen_at, w.expires_at,
        coalesce(r.jobs, '[]'::jsonb) AS jobs, coalesce(n.running, 0) AS running
@@ -53,12 +53,35 @@ LEFT JOIN LATERAL (
     WHERE j.status = 'running' AND j.locked_by = w.id
 ) AS n ON true
 WHERE w.expires_at >= coalesce(%(now)s::timestamptz, now())
+  AND EXISTS (
+      SELECT 1 FROM pg_locks AS l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.classid = 1383036001::oid AND l.objid = hashtext(w.id)::oid
+  )
 ORDER BY w.started_at, w.id
 
+-- name: worker_presence_hold
+-- A session advisory lock (key 1383036001 = "Rota", hashtext(id)) held by the
+-- connection that keeps the worker's row: PostgreSQL lets go of it the moment
+-- that connection ends, so a killed worker stops counting as alive at once,
+-- not when its row expires. Taken only when not held yet (locks stack).
+SELECT pg_advisory_lock(1383036001, hashtext(%(id)s))
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 2
+      AND classid = 1383036001::oid AND objid = hashtext(%(id)s)::oid
+)
+
 -- name: worker_live_count
+-- Workers alive: an unexpired row whose worker still holds its presence lock.
 SELECT count(*) AS workers
-FROM rota.worker
-WHERE expires_at >= coalesce(%(now)s::timestamptz, now())
+FROM rota.worker AS w
+WHERE w.expires_at >= coalesce(%(now)s::timestamptz, now())
+  AND EXISTS (
+      SELECT 1 FROM pg_locks AS l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.classid = 1383036001::oid AND l.objid = hashtext(w.id)::oid
+  )
 
 -- name: queue_sample_record
 -- The queue as it is this minute, unless the minute has its sample already.

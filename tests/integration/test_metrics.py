@@ -23,7 +23,13 @@ from rota import claim as claims
 from rota import sql
 from rota.claim import Attempt
 from rota.jobs import Outcome, Status
-from rota.metrics import DatabaseCollector, build_registry, record_outcome
+from rota.metrics import (
+    MetricsSettings,
+    QueueCollector,
+    queue_registry,
+    record_outcome,
+    worker_registry,
+)
 from rota.status import read_status as read_typed_status
 
 NOW = datetime(2030, 3, 14, 15, 30, 0, tzinfo=UTC)
@@ -192,7 +198,9 @@ def test_prometheus_output_parses_back_with_every_measure(conn, db_url):
     record_outcome(job_type, "retry", 2.0, 1)
     record_outcome(job_type, "dead", 4.0, 3)
 
-    got = samples(generate_latest(build_registry(db_url)).decode())
+    queue = generate_latest(queue_registry(db_url)).decode()
+    worker = generate_latest(worker_registry(4, lambda: [job_type])).decode()
+    got = samples(queue + worker)
 
     def value(name: str, **labels: str) -> float:
         return got[(name, frozenset(labels.items()))]
@@ -203,13 +211,21 @@ def test_prometheus_output_parses_back_with_every_measure(conn, db_url):
     assert value("rota_running_jobs", type=job_type) == 2
     assert value("rota_dead_jobs") == 1
     assert value("rota_lease_expirations_total") == 4
-    assert value("rota_schedule_missed_slots_total", schedule="ns/nightly") == 6
+    assert value("rota_schedule_missed_slots_total", schedule="ns/nightly", type="report") == 6
+    assert value("rota_jobs_dead_total", type=job_type) == 1
+    assert value("rota_queue_exporter_leader") == 1
+    assert value("rota_worker_slots") == 4
+    assert value("rota_worker_running_jobs", type=job_type) == 1
     assert value("rota_jobs_finished_total", type=job_type, outcome="retry") == 1
     assert value("rota_job_duration_seconds_count", type=job_type) == 3
-    assert value("rota_job_duration_seconds_bucket", type=job_type, le="2.5") == 2
+    assert value("rota_job_duration_seconds_bucket", type=job_type, le="2.0") == 2
     assert value("rota_job_duration_seconds_sum", type=job_type) == pytest.approx(6.3)
-    assert value("rota_job_attempts_count") >= 2  # only done, failed and dead are final
-    assert value("rota_job_attempts_bucket", le="+Inf") == value("rota_job_attempts_count")
+    assert value("rota_job_attempts_count", type=job_type) == 2  # retry is not final
+    assert value("rota_job_attempts_bucket", type=job_type, le="2.0") == 1
+    assert value("rota_job_attempts_bucket", type=job_type, le="3.0") == 2
+    # Each process serves its own kind of measure, and nothing twice.
+    assert "rota_jobs_finished" not in queue and "rota_jobs{" not in worker
+    assert "_created" not in queue + worker
 
 
 def test_record_outcome_rejects_an_unknown_outcome():
@@ -219,26 +235,101 @@ def test_record_outcome_rejects_an_unknown_outcome():
 
 def test_scrapes_within_the_interval_share_one_read(conn, db_url):
     clock = [0.0]
-    collector = DatabaseCollector(db_url, cache_seconds=5, clock=lambda: clock[0])
+    collector = QueueCollector(db_url, cache_seconds=5, clock=lambda: clock[0])
     add_job(conn, "email", "dead")
     assert [m.samples[0].value for m in collector.collect() if m.name == "rota_dead_jobs"] == [1]
+    reads = collector.reads
     add_job(conn, "email", "dead")
     clock[0] = 4.9
     for _ in range(10):
         dead = [m.samples[0].value for m in collector.collect() if m.name == "rota_dead_jobs"]
-    assert (dead, collector.reads) == ([1], 1)
+    assert (dead, collector.reads) == ([1], reads)
     clock[0] = 5.0
     dead = [m.samples[0].value for m in collector.collect() if m.name == "rota_dead_jobs"]
-    assert (dead, collector.reads) == ([2], 2)
+    assert (dead, collector.reads) == ([2], reads + 1)
     collector.close_connection()
 
 
 def test_database_measures_are_absent_not_stale_when_the_database_is_gone(db_url, pg_server):
-    collector = DatabaseCollector(db_url, cache_seconds=0)
+    collector = QueueCollector(db_url, cache_seconds=0)
     assert any(m.samples for m in collector.collect())
     pg_server.drop(conninfo_to_dict(db_url)["dbname"])
     families = list(collector.collect())
     assert [m.name for m in families] and not any(m.samples for m in families)
+
+
+def queue_samples(collector: QueueCollector) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for m in collector.collect()
+        for s in m.samples
+    }
+
+
+def test_one_exporter_per_database_serves_the_queue_and_another_takes_over(conn, db_url):
+    add_job(conn, "email", "dead")
+    first = QueueCollector(db_url, cache_seconds=0)
+    second = QueueCollector(db_url, cache_seconds=0)
+    try:
+        assert queue_samples(first)[("rota_dead_jobs", frozenset())] == 1
+        for _ in range(3):  # asking again neither loses nor stacks the lock
+            assert queue_samples(first)[("rota_queue_exporter_leader", frozenset())] == 1
+            assert queue_samples(second) == {("rota_queue_exporter_leader", frozenset()): 0}
+        held = conn.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
+            " AND classid = 1383036001 AND objid = 0 AND objsubid = 2"
+        ).fetchone()["n"]
+        assert held == 1
+        first.close_connection()  # its process died: the lock went with the connection
+        got = queue_samples(second)
+        assert got[("rota_dead_jobs", frozenset())] == 1
+        assert got[("rota_queue_exporter_leader", frozenset())] == 1
+        assert queue_samples(first) == {("rota_queue_exporter_leader", frozenset()): 0}
+    finally:
+        first.close_connection()
+        second.close_connection()
+
+
+def test_deaths_are_a_counter_that_dead_retry_and_archiving_do_not_lower(conn, db_url):
+    add_job(conn, "email", "ready")
+    add_job(conn, "email", "dead")  # inserted dead
+    conn.execute("UPDATE rota.job SET status = 'dead' WHERE status = 'ready'")
+    collector = QueueCollector(db_url, cache_seconds=0)
+    try:
+        email = frozenset({("type", "email")})
+        assert queue_samples(collector)[("rota_jobs_dead_total", email)] == 2
+        conn.execute("UPDATE rota.job SET status = 'ready' WHERE status = 'dead'")  # dead retry
+        conn.execute("UPDATE rota.job SET status = 'ready' WHERE status = 'ready'")  # not again
+        got = queue_samples(collector)
+        assert (got[("rota_jobs_dead_total", email)], got[("rota_dead_jobs", frozenset())]) == (
+            2,
+            0,
+        )
+        conn.execute("UPDATE rota.job SET status = 'dead'")  # both die once more
+        conn.execute("DELETE FROM rota.job")  # archived
+        got = queue_samples(collector)
+        assert (got[("rota_jobs_dead_total", email)], got[("rota_dead_jobs", frozenset())]) == (
+            4,
+            0,
+        )
+    finally:
+        collector.close_connection()
+
+
+def test_queue_types_beyond_the_bound_fold_into_other(conn, db_url):
+    for job_type, status in [("a", "ready"), ("b", "dead"), ("c", "ready"), ("d", "dead")]:
+        add_job(conn, job_type, status, NOW - timedelta(seconds=ord(job_type)))
+    collector = QueueCollector(db_url, cache_seconds=0, settings=MetricsSettings(max_types=2))
+    try:
+        got = queue_samples(collector)
+    finally:
+        collector.close_connection()
+    types = {dict(labels).get("type") for _, labels in got} - {None}
+    assert types == {"a", "b", "other"}
+    other = frozenset({("type", "other")})
+    assert got[("rota_jobs", other | {("status", "ready")})] == 1
+    assert got[("rota_jobs", other | {("status", "dead")})] == 1
+    assert got[("rota_jobs_dead_total", other)] == 1
 
 
 def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -279,3 +370,13 @@ def test_no_metrics_query_scans_the_job_table(conn):
     assert seq_scans_job(b"SELECT count(*) FROM rota.job WHERE status = 'done'")
     for name in _metrics_queries():
         assert not seq_scans_job(sql.query(name).encode()), name
+
+
+def test_exporter_refuses_bad_input_in_one_line(capsys):
+    from rota.cli import main
+
+    assert main(["exporter", "--port", "70000"]) == 2
+    assert main(["exporter", "--cache", "-1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["rota: error: --port must be 0-65535, not 70000",
+                   "rota: error: --cache must be 0 or more seconds, not -1.0"]  # fmt: skip

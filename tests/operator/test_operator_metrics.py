@@ -54,7 +54,7 @@ def test_the_operator_also_serves_the_database_measures(db_url: str) -> None:
         text = asyncio.run(_scrape())["/metrics"][1]
     finally:
         for collector in list(metrics.REGISTRY._collector_to_names):
-            if isinstance(collector, metrics.DatabaseCollector):
+            if isinstance(collector, metrics.QueueCollector):
                 metrics.REGISTRY.unregister(collector)
     assert 'rota_jobs{status="ready",type="report.build"} 1.0' in text
     assert "rota_oldest_ready_job_age_seconds" in text

@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 
 import rota
 from rota import schedule_store
-from rota.metrics import DatabaseCollector
+from rota.metrics import QueueCollector
 from rota.testing import EmbeddedPostgres
 from tests.acceptance.procs import wait_for
 from tests.pgcluster import CrashSafePostgres, StreamingStandby
@@ -201,7 +201,7 @@ def test_workers_scheduler_and_operator_carry_on_after_the_standby_is_promoted(
             lines = [x for x in scraped[0].decode().splitlines() if x.startswith("rota_jobs")]
             done = scalar(url, count_done)
             raise AssertionError(f"want {done} done, scraped {lines}") from None
-        status = DatabaseCollector(url, cache_seconds=0).status()
+        status = QueueCollector(url, cache_seconds=0).status()
         assert status is not None
         assert status.types[TYPE].done == scalar(url, count_done)
         assert all(w.alive() for w in workers)

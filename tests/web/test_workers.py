@@ -7,10 +7,11 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 from prometheus_client import generate_latest
 
 from rota import workers
-from rota.metrics import build_registry
+from rota.metrics import queue_registry
 from rota.status import read_status, render
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
@@ -49,7 +50,7 @@ def test_status_and_the_gauge_count_live_workers(conn, db_url):
     assert status.workers == 1
     assert "Workers alive: 1" in render(status)
     assert status.to_json()["workers"] == 1
-    assert "rota_workers 1.0" in generate_latest(build_registry(db_url, cache_seconds=0)).decode()
+    assert "rota_workers 1.0" in generate_latest(queue_registry(db_url, cache_seconds=0)).decode()
 
 
 def wait_until(check, what, timeout=60.0):
@@ -76,3 +77,21 @@ def test_a_running_worker_keeps_its_row_and_takes_it_out_when_it_stops(conn, db_
         worker.stop()
         thread.join(timeout=60)
     assert workers.live_count(conn) == 0
+
+
+def test_a_killed_worker_stops_counting_at_once_not_after_its_ttl(conn, db_url):
+    """Its connection ends with it, and with the connection its presence lock."""
+    survivor, killed = workers.WorkerInfo("alive", 1), workers.WorkerInfo("killed", 1)
+    workers.register(conn, survivor, ttl=600)
+    with psycopg.connect(db_url, autocommit=True) as other:
+        workers.register(other, killed, ttl=600)
+        workers.refresh(other, killed, ttl=600)  # held once, however often it refreshes
+        assert workers.live_count(conn) == 2
+        held = "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = %s"
+        pid = other.info.backend_pid
+    # The server ends the session a moment after the client hangs up.
+    wait_until(lambda: conn.execute(held, (pid,)).fetchone()["n"] == 0, "the session to end")
+    assert conn.execute("SELECT count(*) AS n FROM rota.worker").fetchone()["n"] == 2  # row stays
+    assert workers.live_count(conn) == 1
+    assert [w.id for w in workers.live(conn)] == ["alive"]
+    assert read_status(conn).workers == 1

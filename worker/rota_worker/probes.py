@@ -4,10 +4,11 @@ reach the database and is not stopping), /metrics (Prometheus text format)."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from rota.metrics import serve_pages
 
 log = logging.getLogger("rota.worker")
 
@@ -21,32 +22,19 @@ def serve(
 ) -> ThreadingHTTPServer:
     """`health` returns None when healthy, else why not (the body of the 503)."""
 
-    class Probe(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                problem = health()
-                body = b"ok\n" if problem is None else f"{problem}\n".encode()
-                self._reply(200 if problem is None else 503, body)
-            elif self.path == "/readyz":
-                ready = bool(snapshot()["ready"])
-                self._reply(200 if ready else 503, b"ready\n" if ready else b"not ready\n")
-            elif self.path == "/metrics":
-                self._reply(200, metrics(), "text/plain; version=0.0.4; charset=utf-8")
-            else:
-                self._reply(404, b"not found\n")
+    def healthz() -> tuple[int, bytes, str]:
+        problem = health()
+        body = b"ok\n" if problem is None else f"{problem}\n".encode()
+        return 200 if problem is None else 503, body, "text/plain"
 
-        def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def readyz() -> tuple[int, bytes, str]:
+        ready = bool(snapshot()["ready"])
+        return 200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain"
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+    def page() -> tuple[int, bytes, str]:
+        return 200, metrics(), "text/plain; version=0.0.4; charset=utf-8"
 
-    server = ThreadingHTTPServer((host, port), Probe)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="rota-probes", daemon=True).start()
+    pages = {"/healthz": healthz, "/readyz": readyz, "/metrics": page}
+    server = serve_pages(host, port, pages, "rota-probes")
     log.info("serving /metrics, /healthz and /readyz on port %d", port)
     return server

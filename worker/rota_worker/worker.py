@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -35,7 +35,7 @@ from rota.claim import Attempt
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
-from rota.metrics import build_registry
+from rota.metrics import RUNS, MetricsSettings, worker_registry
 from rota.migrate import require_current
 from rota.reaper import Reaper, ReaperSettings
 from rota.scheduler import Scheduler
@@ -264,8 +264,26 @@ class Worker:
     def _serve_probes(self) -> ThreadingHTTPServer | None:
         if self.settings.metrics_port is None:
             return None
-        metrics = functools.partial(generate_latest, build_registry(self.dsn))
+        RUNS.configure(MetricsSettings.from_env())
+        RUNS.declare(self.types)
+        registry = worker_registry(self.settings.concurrency, self._running_types)
+        metrics = functools.partial(generate_latest, registry)
         return serve(self.settings.metrics_port, self.snapshot, self.health, metrics)
+
+    def _running_types(self) -> list[str]:
+        """The types of the jobs running now, read on the event loop (/metrics is
+        served from a thread of its own)."""
+
+        async def read() -> list[str]:
+            return [e.job.type for e in self.leases.running]
+
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return []
+        try:
+            return asyncio.run_coroutine_threadsafe(read(), loop).result(timeout=2.0)
+        except (TimeoutError, RuntimeError, CancelledError):
+            return []  # stopping, or the loop is stuck (then /healthz says so)
 
     def snapshot(self) -> dict[str, Any]:
         """State for the probes and logs."""
