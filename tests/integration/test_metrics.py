@@ -8,6 +8,7 @@ stay cheap: on a table of 200,000 done rows no plan reads rota.job sequentially.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -280,8 +281,11 @@ def test_one_exporter_per_database_serves_the_queue_and_another_takes_over(conn,
             " AND classid = 1383036001 AND objid = 0 AND objsubid = 2"
         ).fetchone()["n"]
         assert held == 1
-        first.close_connection()  # its process died: the lock went with the connection
-        got = queue_samples(second)
+        first.close_connection()  # its process died: the lock goes with the connection
+        deadline = time.monotonic() + 30  # the server ends the session a moment later
+        while (got := queue_samples(second))[("rota_queue_exporter_leader", frozenset())] == 0:
+            assert time.monotonic() < deadline, "the second exporter never took over"
+            time.sleep(0.02)
         assert got[("rota_dead_jobs", frozenset())] == 1
         assert got[("rota_queue_exporter_leader", frozenset())] == 1
         assert queue_samples(first) == {("rota_queue_exporter_leader", frozenset()): 0}
