@@ -3,8 +3,11 @@
 The console's token comes from ROTA_WEB_TOKEN (sent as ``Authorization:
 Bearer <token>``, or typed once into the login page for a session cookie);
 ROTA_WEB_SECRET, when set, signs sessions and CSRF values instead of a key
-derived from the token. An auth proxy can vouch for users instead: its header
-is honoured only from the addresses given with --proxy-from.
+derived from the token (replicas behind one address need the same secret).
+An auth proxy can vouch for users instead: its header is honoured only from
+the addresses given with --proxy-from; --operator names users and
+--operator-group names groups that may act. Behind a TLS-terminating proxy,
+--forwarded-from trusts its X-Forwarded-Proto so that cookies are Secure.
 """
 
 from __future__ import annotations
@@ -53,8 +56,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--operator",
         action="append",
         default=[],
-        metavar="USER_OR_GROUP",
-        help="proxy user or group that may act (repeatable); other proxy users only look",
+        metavar="USER",
+        help="proxy user that may act (repeatable); other proxy users only look",
+    )
+    parser.add_argument(
+        "--operator-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="proxy group whose members may act (repeatable; from --proxy-groups-header)",
+    )
+    parser.add_argument(
+        "--forwarded-from",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="address or network of a TLS-terminating proxy whose X-Forwarded-Proto is"
+        " trusted, for Secure cookies (repeatable; --proxy-from addresses are trusted too)",
     )
     parser.set_defaults(func=run)
 
@@ -88,9 +106,13 @@ def settings_from(args: argparse.Namespace) -> WebSettings:
             proxy_groups_header=args.proxy_groups_header,
             proxy_addresses=tuple(args.proxy_from),
             operators=frozenset(args.operator),
+            operator_groups=frozenset(args.operator_group),
+            forwarded_addresses=tuple(args.forwarded_from),
         )
     except ValueError as exc:
-        raise UsageError(f"--proxy-from: {exc}") from None
+        raise UsageError(f"--proxy-from/--forwarded-from: {exc}") from None
+    if args.operator_group and not args.proxy_groups_header:
+        raise UsageError("--operator-group needs --proxy-groups-header: where the groups come from")
     return WebSettings(dsn=database_url(), auth=auth, read_only=args.read_only)
 
 

@@ -174,3 +174,19 @@ LIMIT %(limit)s
 
 -- name: web_paused_types
 SELECT type, paused_at FROM rota.paused_type ORDER BY type
+
+-- name: web_session_insert
+-- A new login session; expired ones are cleared on the way.
+WITH cleared AS (
+    DELETE FROM rota.web_session WHERE expires_at < coalesce(%(now)s::timestamptz, now())
+)
+INSERT INTO rota.web_session (id, actor, role, expires_at)
+VALUES (%(id)s, %(actor)s, %(role)s, to_timestamp(%(expires)s))
+
+-- name: web_session_alive
+SELECT 1 AS alive
+FROM rota.web_session
+WHERE id = %(id)s AND expires_at > coalesce(%(now)s::timestamptz, now())
+
+-- name: web_session_delete
+DELETE FROM rota.web_session WHERE id = %(id)s

@@ -2,10 +2,13 @@
 with its errors answered as pages (browsers) or JSON (scripts).
 
 Pages are rendered on the server from Jinja2 templates (autoescaped: a payload
-is always text, never markup); the overview refreshes itself through htmx,
-served from this package (no CDN). Every POST is an action: it is refused with
-401 without credentials, 403 for a viewer, in read-only mode or without the
-CSRF value, and 4xx for bad input, before anything is written.
+is always text, never markup); lists refresh themselves through htmx, served
+from this package (no CDN). Every answer carries a Content-Security-Policy that
+allows no inline script and no framing, with nosniff and a same-origin
+Referrer-Policy; input no database column can hold is a 400, never a 500.
+Every POST is an action: it is refused with 401 without credentials, 403 for a
+viewer, in read-only mode or without the CSRF value, and 4xx for bad input,
+before anything is written.
 Handlers are plain functions run on Starlette's thread pool, each borrowing a
 connection from a small pool of autocommit connections.
 """
@@ -14,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import psycopg
 from psycopg_pool import PoolTimeout
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rota.errors import DatabaseUnavailable, InvalidInput, JobNotFound, RotaError
 from rota.web import actions, auth
@@ -63,6 +68,37 @@ def _http_error(c: Console) -> Callable[[Request, Exception], Response]:
     return handle
 
 
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every answer (pages, errors, static files)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
 def create_app(settings: WebSettings) -> Starlette:
     """The console as an ASGI application (`uvicorn` serves it in `rota web`)."""
     c = Console(settings)
@@ -72,6 +108,9 @@ def create_app(settings: WebSettings) -> Starlette:
         exception_handlers={
             HTTPException: _http_error(c),
             InvalidInput: _error_handler(c, 400),
+            # Backstops: text a column cannot hold that a check above missed.
+            UnicodeError: _error_handler(c, 400),
+            psycopg.DataError: _error_handler(c, 400),
             JobNotFound: _error_handler(c, 404),
             actions.Conflict: _error_handler(c, 409),
             DatabaseUnavailable: _error_handler(c, 503),
@@ -79,5 +118,6 @@ def create_app(settings: WebSettings) -> Starlette:
             RotaError: _error_handler(c, 500),
         },
     )
+    app.add_middleware(SecurityHeaders)
     app.state.console = c
     return app

@@ -6,10 +6,14 @@ Three ways in, checked in this order:
 - a signed session cookie, given once by ``POST /login`` for the same token:
   an operator; its POSTs carry the session's CSRF value.
 - a trusted header set by an auth proxy (oauth2-proxy style), honoured only
-  from the configured proxy addresses: an operator when the user or one of
-  their groups is listed as an operator, else a viewer; POSTs carry a CSRF
-  value bound to the user.
+  from the configured proxy addresses: an operator when the user is listed as
+  an operator user, or one of their groups as an operator group (a user named
+  like a group is not that group), else a viewer; POSTs carry a CSRF value
+  bound to the user.
 With no token and no proxy configured, anybody may look and nobody may act.
+A session cookie is signed and names a server-side session row (migration
+0011), so logging out ends it everywhere; `rota.web.console` checks the row.
+Flash messages travel in a signed one-shot cookie, never in the URL.
 Pure functions of the settings and the request's parts: no database.
 """
 
@@ -48,7 +52,13 @@ class AuthSettings:
     """Addresses or networks (CIDR) the proxy connects from; the header is ignored
     from anywhere else."""
     operators: frozenset[str] = frozenset()
-    """Proxy users or groups that may act; other proxy users only look."""
+    """Proxy users that may act (by user name only, never by group)."""
+    operator_groups: frozenset[str] = frozenset()
+    """Proxy groups whose members may act (by group only, never by user name)."""
+    forwarded_addresses: tuple[str, ...] = ()
+    """Addresses or networks (CIDR) of a TLS-terminating proxy whose
+    X-Forwarded-Proto is trusted (the proxy_addresses are trusted too): a
+    request it forwarded over https gets Secure cookies."""
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -58,7 +68,7 @@ class AuthSettings:
                 else secrets.token_bytes(32)
             )
             object.__setattr__(self, "secret", seed)
-        for address in self.proxy_addresses:
+        for address in (*self.proxy_addresses, *self.forwarded_addresses):
             ipaddress.ip_network(address, strict=False)  # ValueError for a typo
 
     @property
@@ -74,6 +84,8 @@ class Identity:
     """token, session, proxy or open."""
     csrf: str = ""
     """The CSRF value this identity's forms carry ("" when none is needed)."""
+    session: str = ""
+    """The server-side session row a session cookie names (via == "session")."""
 
     @property
     def can_act(self) -> bool:
@@ -87,57 +99,126 @@ class Unauthenticated(Exception):
     """No valid credentials."""
 
 
+MAX_NAME = 200
+"""Longest proxy user or group name accepted."""
+FLASH_COOKIE = "rota_flash"
+FLASH_SECONDS = 120
+MAX_FLASH = 300
+
+
 def _sign(secret: bytes, data: bytes) -> str:
     return base64.urlsafe_b64encode(hmac.new(secret, data, hashlib.sha256).digest()).decode()
+
+
+def _signed(secret: bytes, purpose: str, body: dict[str, Any]) -> str:
+    data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode())
+    signature = _sign(secret, purpose.encode() + b"|" + data)
+    return f"{data.decode()}.{signature}"
+
+
+def _unsigned(secret: bytes, purpose: str, value: str) -> dict[str, Any] | None:
+    """The body of a value `_signed` made for this purpose; None for anything else
+    (a forged, truncated, non-ASCII or otherwise malformed value)."""
+    if not value.isascii():
+        return None
+    data, _, signature = value.partition(".")
+    expected = _sign(secret, purpose.encode() + b"|" + data.encode())
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
+        return None
+    try:
+        body = json.loads(base64.urlsafe_b64decode(data.encode()))
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def session_id(nonce: str) -> str:
+    """The key of a session's server-side row: a hash of the cookie's nonce."""
+    return hashlib.sha256(b"rota-web-session|" + nonce.encode()).hexdigest()
 
 
 def csrf_value(settings: AuthSettings, subject: str) -> str:
     return _sign(settings.secret, b"csrf|" + subject.encode())
 
 
-def session_cookie(settings: AuthSettings, name: str, role: str, now: float | None = None) -> str:
-    """A signed cookie value: who, what role, until when, and a nonce for CSRF."""
-    body = {
-        "u": name,
-        "r": role,
-        "exp": int((now or time.time()) + SESSION_SECONDS),
-        "n": secrets.token_urlsafe(12),
-    }
-    data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode())
-    return f"{data.decode()}.{_sign(settings.secret, data)}"
+@dataclasses.dataclass(frozen=True)
+class NewSession:
+    cookie: str
+    """The signed cookie value: who, what role, until when, and a nonce for CSRF."""
+    id: str
+    """The id of the server-side row that keeps the session alive."""
+    expires: int
+    """Unix time the session ends at."""
+
+
+def new_session(
+    settings: AuthSettings, name: str, role: str, now: float | None = None
+) -> NewSession:
+    nonce = secrets.token_urlsafe(18)
+    expires = int((now or time.time()) + SESSION_SECONDS)
+    body = {"u": name, "r": role, "exp": expires, "n": nonce}
+    return NewSession(_signed(settings.secret, "session", body), session_id(nonce), expires)
 
 
 def read_session(settings: AuthSettings, value: str, now: float | None = None) -> Identity | None:
-    data, _, signature = value.partition(".")
-    if not hmac.compare_digest(_sign(settings.secret, data.encode()), signature):
+    """The identity a session cookie claims (its row still to be checked), or None."""
+    body = _unsigned(settings.secret, "session", value)
+    if body is None or not isinstance(body.get("exp"), int) or not isinstance(body.get("n"), str):
         return None
-    try:
-        body: dict[str, Any] = json.loads(base64.urlsafe_b64decode(data.encode()))
-    except ValueError:
-        return None
-    if int(body.get("exp", 0)) < (now or time.time()):
+    if body["exp"] < (now or time.time()):
         return None
     role = OPERATOR if body.get("r") == OPERATOR else VIEWER
     name = str(body.get("u", "?"))
-    return Identity(name, role, "session", csrf_value(settings, "session|" + str(body.get("n"))))
+    nonce = body["n"]
+    csrf = csrf_value(settings, "session|" + nonce)
+    return Identity(name, role, "session", csrf, session_id(nonce))
+
+
+def flash_cookie(settings: AuthSettings, message: str) -> str:
+    """A signed one-shot cookie value carrying a message for the next page."""
+    body = {"m": message[:MAX_FLASH], "exp": int(time.time() + FLASH_SECONDS)}
+    return _signed(settings.secret, "flash", body)
+
+
+def read_flash(settings: AuthSettings, value: str | None) -> str:
+    """The message of a flash cookie this console signed, else ""."""
+    body = _unsigned(settings.secret, "flash", value or "")
+    if body is None or not isinstance(body.get("exp"), int) or body["exp"] < time.time():
+        return ""
+    message = body.get("m")
+    return message if isinstance(message, str) else ""
 
 
 def token_matches(settings: AuthSettings, given: str) -> bool:
     return bool(settings.token) and hmac.compare_digest(
-        given.encode(), (settings.token or "").encode()
+        given.encode(errors="replace"), (settings.token or "").encode()
     )
 
 
-def _from_proxy(settings: AuthSettings, client: str | None) -> bool:
-    if not client or not settings.proxy_addresses:
+def _from(networks: tuple[str, ...], client: str | None) -> bool:
+    if not client or not networks:
         return False
     try:
         address = ipaddress.ip_address(client)
     except ValueError:
         return False
-    return any(
-        address in ipaddress.ip_network(net, strict=False) for net in settings.proxy_addresses
-    )
+    return any(address in ipaddress.ip_network(net, strict=False) for net in networks)
+
+
+def is_https(
+    settings: AuthSettings, scheme: str, headers: Mapping[str, str], client: str | None
+) -> bool:
+    """The browser reached the console over https: directly, or through a trusted
+    TLS-terminating proxy that says so in X-Forwarded-Proto."""
+    if scheme == "https":
+        return True
+    trusted = (*settings.proxy_addresses, *settings.forwarded_addresses)
+    proto = headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return proto == "https" and _from(trusted, client)
+
+
+def _plain_name(value: str) -> bool:
+    return 0 < len(value) <= MAX_NAME and value.isprintable()
 
 
 def identify(
@@ -154,14 +235,17 @@ def identify(
         if scheme.lower() == "bearer" and token_matches(settings, given.strip()):
             return Identity("token", OPERATOR, "token")
         raise Unauthenticated("the Authorization header does not carry the console's token")
-    if settings.proxy_header and _from_proxy(settings, client):
+    if settings.proxy_header and _from(settings.proxy_addresses, client):
         user = headers.get(settings.proxy_header.lower(), "").strip()
         if user:
+            if not _plain_name(user):
+                raise Unauthenticated("the proxy's user header is not a plain name")
             groups = set()
             if settings.proxy_groups_header:
                 raw = headers.get(settings.proxy_groups_header.lower(), "")
-                groups = {g.strip() for g in raw.split(",") if g.strip()}
-            role = OPERATOR if ({user} | groups) & settings.operators else VIEWER
+                groups = {g.strip() for g in raw.split(",") if _plain_name(g.strip())}
+            acts = user in settings.operators or bool(groups & settings.operator_groups)
+            role = OPERATOR if acts else VIEWER
             return Identity(user, role, "proxy", csrf_value(settings, "proxy|" + user))
     cookie = cookies.get(SESSION_COOKIE)
     if cookie:
@@ -177,4 +261,6 @@ def csrf_ok(identity: Identity, given: str | None) -> bool:
     """A POST's CSRF value is right (or none is needed: bearer tokens)."""
     if identity.via == "token":
         return True
-    return bool(identity.csrf) and hmac.compare_digest(identity.csrf, given or "")
+    return bool(identity.csrf) and hmac.compare_digest(
+        identity.csrf.encode(), (given or "").encode(errors="replace")
+    )

@@ -5,7 +5,9 @@ autocommit connections (no prepared statements: each query is planned for its
 actual values), the Jinja2 templates (autoescaped: a payload is always text,
 never markup) and the sampler thread that records the charts' minute samples.
 Its guards turn missing credentials into 401, a viewer, read-only mode or a
-missing CSRF value into 403, before a handler touches the database.
+missing CSRF value into 403, before a handler touches the database. A session
+cookie counts only while its server-side row lives (logging out deletes it);
+the message of an action reaches the next page in a signed one-shot cookie.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import jinja2
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from rota import workers
-from rota.db import Conn
+from rota import sql, workers
+from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.status import format_age
@@ -39,7 +42,7 @@ from rota.web.auth import Identity
 
 log = logging.getLogger("rota.web")
 
-JOBS_PARAMS = {*filters.FIELDS, "before", "limit", "flash"}
+JOBS_PARAMS = {*filters.FIELDS, "before", "limit"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,24 +113,57 @@ class Console:
         return self.pool.connection(timeout=10)
 
     def identify(self, request: Request) -> Identity:
+        """Who is asking (blocking: a session's row is read from the database)."""
         client = request.client.host if request.client else None
-        return auth.identify(self.settings.auth, request.headers, request.cookies, client)
+        who = auth.identify(self.settings.auth, request.headers, request.cookies, client)
+        if who.via == "session":
+            with self.conn() as conn:
+                alive = fetch_all(
+                    conn, sql.query("web_session_alive"), {"id": who.session, "now": None}
+                )
+            if not alive:
+                if self.settings.auth.configured:
+                    raise auth.Unauthenticated("the session has ended: log in again")
+                return auth.ANONYMOUS
+        return who
+
+    def https(self, request: Request) -> bool:
+        client = request.client.host if request.client else None
+        return auth.is_https(self.settings.auth, request.url.scheme, request.headers, client)
+
+    def set_cookie(
+        self, request: Request, response: Response, name: str, value: str, seconds: int
+    ) -> None:
+        response.set_cookie(
+            name,
+            value,
+            max_age=seconds,
+            httponly=True,
+            samesite="strict",
+            secure=self.https(request),
+        )
 
     def render(self, request: Request, name: str, who: Identity, **context: Any) -> HTMLResponse:
+        # A flash message is shown once, by the next full page (not a live refresh).
+        cookie = request.cookies.get(auth.FLASH_COOKIE)
+        shown = cookie is not None and not request.headers.get("hx-request")
         page = self.templates.get_template(name).render(
             request=request,
             who=who,
             read_only=self.settings.read_only,
             can_act=who.can_act and not self.settings.read_only,
             csrf=who.csrf,
-            flash=request.query_params.get("flash", "")[:300],
+            flash=auth.read_flash(self.settings.auth, cookie) if shown else "",
             path=request.url.path,
             here=here_of(request),
             auth_configured=self.settings.auth.configured,
             now_utc=datetime.now(UTC),
             **context,
         )
-        return HTMLResponse(page)
+        response = HTMLResponse(page)
+        if shown:
+            response.delete_cookie(auth.FLASH_COOKIE, httponly=True, samesite="strict")
+        return response
 
     # -- guards ---------------------------------------------------------------------
     def viewer(self, request: Request) -> Identity:
@@ -142,7 +178,7 @@ class Console:
     async def actor(self, request: Request) -> tuple[Identity, FormData]:
         """The identity of a POST allowed to act, and its form; 401/403 otherwise."""
         try:
-            who = self.identify(request)
+            who = await run_in_threadpool(self.identify, request)
         except auth.Unauthenticated as exc:
             raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
         if self.settings.read_only:
@@ -158,28 +194,32 @@ class Console:
     def acted(self, request: Request, form: FormData, done: actions.Done) -> Response:
         if "application/json" in request.headers.get("accept", ""):
             return JSONResponse(dataclasses.asdict(done))
-        target = safe_next(form_field(form, "next")) or "/"
-        joiner = "&" if "?" in target else "?"
-        return RedirectResponse(f"{target}{joiner}flash={quote(done.message)}", status_code=303)
+        response = RedirectResponse(safe_next(form_field(form, "next")) or "/", status_code=303)
+        flash = auth.flash_cookie(self.settings.auth, done.message)
+        self.set_cookie(request, response, auth.FLASH_COOKIE, flash, auth.FLASH_SECONDS)
+        return response
 
 
 def form_field(form: Mapping[str, Any], name: str) -> str | None:
+    """A form field's text, stripped (None when empty); `InvalidInput` for text no
+    database column can hold (NUL, a lone surrogate) or too long."""
     value = form.get(name)
-    return value.strip() if isinstance(value, str) and value.strip() else None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return filters.clean(value.strip(), name)
 
 
 def safe_next(target: str | None) -> str | None:
     """Only a path of this console (never another site) is a place to return to."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return None
-    # Strip an earlier flash message from the path.
-    path, _, query = target.partition("?")
-    kept = "&".join(p for p in query.split("&") if p and not p.startswith("flash="))
-    return f"{path}?{kept}" if kept else path
+    if not target.isprintable():
+        return None
+    return target
 
 
 def here_of(request: Request) -> str:
-    params = [(k, v) for k, v in request.query_params.multi_items() if k != "flash"]
+    params = request.query_params.multi_items()
     return request.url.path + ("?" + urlencode(params) if params else "")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -85,13 +86,40 @@ def _show(value: datetime | None) -> str:
     return value.isoformat() if value else ""
 
 
-def _text(params: Mapping[str, str], name: str) -> str | None:
-    value = (params.get(name) or "").strip()
+def clean(value: str, name: str) -> str:
+    """Text a database column can hold: `InvalidInput` for a NUL character (text
+    and jsonb refuse it), a lone surrogate (not UTF-8) or more than MAX_TEXT
+    characters."""
     if len(value) > MAX_TEXT:
         raise InvalidInput(f"{name} is longer than {MAX_TEXT} characters")
     if "\x00" in value:
         raise InvalidInput(f"{name} contains a NUL character")
-    return value or None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{name} contains a character that is not valid UTF-8") from None
+    return value
+
+
+def _clean_json(value: Any, name: str) -> Any:
+    """A parsed JSON value whose every key and string `clean` accepts."""
+    if isinstance(value, str):
+        clean(value, name)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{name} holds a number JSON cannot store: {value}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            clean(key, name)
+            _clean_json(item, name)
+    elif isinstance(value, list):
+        for item in value:
+            _clean_json(item, name)
+    return value
+
+
+def _text(params: Mapping[str, str], name: str) -> str | None:
+    value = params.get(name)
+    return clean(value.strip(), name) or None if isinstance(value, str) else None
 
 
 def parse_status(text: str | None) -> Status | None:
@@ -110,9 +138,11 @@ def parse_payload(text: str | None) -> dict[str, Any] | None:
             raise InvalidInput(
                 f"payload filter is not valid JSON: {exc.msg} at position {exc.pos}"
             ) from None
+        except ValueError as exc:  # e.g. an integer too long to convert
+            raise InvalidInput(f"payload filter is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise InvalidInput("payload filter must be a JSON object or key=value")
-        return value
+        return _clean_json(value, "payload")
     path, sep, raw = text.partition("=")
     keys = path.strip().split(".")
     if not sep or not all(k.strip() for k in keys):
@@ -122,11 +152,11 @@ def parse_payload(text: str | None) -> dict[str, Any] | None:
         )
     try:
         value = json.loads(raw.strip())
-    except json.JSONDecodeError:
+    except ValueError:
         value = raw.strip()
     for key in reversed(keys):
         value = {key.strip(): value}
-    return value
+    return _clean_json(value, "payload")
 
 
 def parse_instant(text: str | None, name: str) -> datetime | None:

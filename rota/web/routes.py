@@ -18,6 +18,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rota import sql
+from rota.db import fetch_all
 from rota.errors import InvalidInput
 from rota.web import actions, auth, filters, reads
 from rota.web.console import (
@@ -35,7 +37,7 @@ from rota.web.console import (
 def build_routes(c: Console) -> list[Route | Mount]:
     def overview(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {"flash"})
+        check_params(request, set())
         with c.conn() as conn:
             data = reads.overview(conn)
         name = "overview_live.html" if request.headers.get("hx-request") else "overview.html"
@@ -68,7 +70,7 @@ def build_routes(c: Console) -> list[Route | Mount]:
 
     def bulk_confirm(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {*filters.FIELDS, "action", "priority", "flash"})
+        check_params(request, {*filters.FIELDS, "action", "priority"})
         q = request.query_params
         bulk = actions.bulk_action(q.get("action"))
         found = filters.parse_filter(q)
@@ -82,35 +84,35 @@ def build_routes(c: Console) -> list[Route | Mount]:
 
     def dead(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {"flash"})
+        check_params(request, set())
         with c.conn() as conn:
             groups = reads.dead_groups(conn)
         return c.render(request, "dead.html", who, groups=groups, nav="dead")
 
     def schedules(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {"flash"})
+        check_params(request, set())
         with c.conn() as conn:
             views = reads.schedules(conn)
         return c.render(request, "schedules.html", who, schedules=views, nav="schedules")
 
     def types(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {"flash"})
+        check_params(request, set())
         with c.conn() as conn:
             data = reads.overview(conn)
         return c.render(request, "types.html", who, o=data, nav="types")
 
     def workers_page(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {"flash"})
+        check_params(request, set())
         with c.conn() as conn:
             found = reads.live_workers(conn)
         return c.render(request, "workers.html", who, workers=found, nav="workers")
 
     def audit(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, {"before", "limit", "flash"})
+        check_params(request, {"before", "limit"})
         before = filters.parse_id(request.query_params.get("before"), "before")
         limit = filters.parse_page_size(request.query_params.get("limit"))
         with c.conn() as conn:
@@ -133,7 +135,8 @@ def build_routes(c: Console) -> list[Route | Mount]:
 
     async def login(request: Request) -> Response:
         form = await request.form()
-        given = form_field(form, "token") or ""
+        raw = form.get("token")
+        given = raw.strip() if isinstance(raw, str) else ""
         target = safe_next(form_field(form, "next")) or "/"
         if not auth.token_matches(c.settings.auth, given):
             page = c.render(
@@ -142,20 +145,32 @@ def build_routes(c: Console) -> list[Route | Mount]:
             )  # fmt: skip
             page.status_code = 401
             return page
+        session = auth.new_session(c.settings.auth, "token", auth.OPERATOR)
+
+        def keep() -> None:
+            with c.conn() as conn:
+                fetch_all(conn, sql.query("web_session_insert"), {
+                    "id": session.id, "actor": "token", "role": auth.OPERATOR,
+                    "expires": session.expires, "now": None,
+                })  # fmt: skip
+
+        await run_in_threadpool(keep)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(
-            auth.SESSION_COOKIE,
-            auth.session_cookie(c.settings.auth, "token", auth.OPERATOR),
-            max_age=auth.SESSION_SECONDS,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
+        c.set_cookie(request, response, auth.SESSION_COOKIE, session.cookie, auth.SESSION_SECONDS)
         return response
 
     async def logout(request: Request) -> Response:
+        """Ends the session on the server (its cookie stops working everywhere)."""
+        found = auth.read_session(c.settings.auth, request.cookies.get(auth.SESSION_COOKIE, ""))
+        if found is not None:
+
+            def end() -> None:
+                with c.conn() as conn:
+                    fetch_all(conn, sql.query("web_session_delete"), {"id": found.session})
+
+            await run_in_threadpool(end)
         response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(auth.SESSION_COOKIE)
+        response.delete_cookie(auth.SESSION_COOKIE, httponly=True, samesite="strict")
         return response
 
     # -- actions --------------------------------------------------------------------

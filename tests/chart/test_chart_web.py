@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from chart_support import ALL_OPTIONS, Render
 
 
 def _by_kind(objects: list[dict[str, Any]], component: str = "web") -> dict[str, dict[str, Any]]:
-    return {
-        o["kind"]: o
-        for o in objects
-        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
-    }
+    """The console's objects by kind; its signing-key Secret under "SigningSecret"."""
+    found = {}
+    for o in objects:
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") != component:
+            continue
+        signing = o["kind"] == "Secret" and o["metadata"]["name"].endswith("-web-secret")
+        found["SigningSecret" if signing else o["kind"]] = o
+    return found
+
+
+def _env(container: dict[str, Any], name: str) -> dict[str, Any]:
+    (env,) = [e for e in container["env"] if e["name"] == name]
+    return env
 
 
 def test_the_console_is_off_by_default(render: Render) -> None:
@@ -21,7 +30,7 @@ def test_the_console_is_off_by_default(render: Render) -> None:
 
 def test_enabled_renders_a_deployment_and_a_service_without_ingress(render: Render) -> None:
     found = _by_kind(render(sets=["web.enabled=true"]))
-    assert set(found) == {"Deployment", "Service"}
+    assert set(found) == {"Deployment", "Service", "SigningSecret"}
     (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["rota", "web", "--host=0.0.0.0", "--port=8080"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -51,11 +60,24 @@ def test_all_options_render_the_ingress_and_the_proxy_flags(render: Render) -> N
     (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["command"][2:] == [
         "--host=0.0.0.0", "--port=8088", "--read-only", "--proxy-header=X-Forwarded-User",
-        "--proxy-groups-header=X-Forwarded-Groups", "--proxy-from=10.0.0.0/8", "--operator=oncall",
+        "--proxy-groups-header=X-Forwarded-Groups", "--proxy-from=10.0.0.0/8", "--operator=ann",
+        "--operator-group=oncall", "--forwarded-from=10.0.0.0/8",
     ]  # fmt: skip
+    secret = _env(container, "ROTA_WEB_SECRET")["valueFrom"]["secretKeyRef"]
+    assert secret == {"name": "console-signing", "key": "signing-key"}
     (env,) = [e for e in container["env"] if e["name"] == "ROTA_WEB_TOKEN"]
     assert env["valueFrom"]["secretKeyRef"] == {"name": "console-token", "key": "key"}
     rule = found["Ingress"]["spec"]["rules"][0]
     assert rule["host"] == "rota.example.com"
     backend = rule["http"]["paths"][0]["backend"]["service"]
     assert backend == {"name": found["Service"]["metadata"]["name"], "port": {"name": "http"}}
+
+
+def test_every_replica_signs_with_one_key_from_a_secret_of_the_chart(render: Render) -> None:
+    found = _by_kind(render(sets=["web.enabled=true", "web.replicas=3"]))
+    signing = found["SigningSecret"]
+    (key,) = signing["data"]
+    assert len(base64.b64decode(signing["data"][key])) == 48
+    (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
+    ref = _env(container, "ROTA_WEB_SECRET")["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": signing["metadata"]["name"], "key": key}

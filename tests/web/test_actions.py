@@ -120,11 +120,11 @@ def test_a_browser_session_acts_with_its_csrf_value_and_returns_to_the_page(oper
     csrf = csrf_of(operator, f"/jobs/{job_id}")
     response = operator.post(
         f"/jobs/{job_id}/retry",
-        data={"csrf": csrf, "next": f"/jobs/{job_id}?flash=old"},
+        data={"csrf": csrf, "next": f"/jobs/{job_id}"},
         follow_redirects=False,
     )
     assert response.status_code == 303
-    assert response.headers["location"].startswith(f"/jobs/{job_id}?flash=job")
+    assert response.headers["location"] == f"/jobs/{job_id}"
     assert status_of(conn, job_id) == "ready"
     assert audit_rows(conn)[0]["actor"] == "token"
 
@@ -136,4 +136,4 @@ def test_next_never_leads_to_another_site(operator, conn):
         f"/jobs/{job_id}/retry", data={"csrf": csrf, "next": "//evil.example/x"},
         follow_redirects=False,
     )  # fmt: skip
-    assert response.headers["location"].startswith("/?flash=")
+    assert response.headers["location"] == "/"

@@ -149,6 +149,8 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     ids = seed(conn)
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.on("dialog", lambda dialog: dialog.accept())
+    refused: list[str] = []  # what the Content-Security-Policy blocked, if anything
+    page.on("console", lambda m: refused.append(m.text) if "Content Security" in m.text else None)
     page.set_default_timeout(30_000)
 
     # Log in once; the session cookie carries the rest.
@@ -232,3 +234,4 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     for action in ("retry", "cancel", "retry-dead-group", "bulk-retry", "pause"):
         assert action in audit, action
     assert audit.count("token") >= 5
+    assert refused == []

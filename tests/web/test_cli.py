@@ -29,6 +29,11 @@ HTMX_SHA256 = "d6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717"
         (["--port", "http"], "--port is not a whole number"),
         (["--proxy-header", "X-Forwarded-User"], "--proxy-header needs --proxy-from"),
         (["--proxy-header", "X-User", "--proxy-from", "10.0.0.300/8"], "--proxy-from"),
+        (["--forwarded-from", "not-an-address"], "--forwarded-from"),
+        (
+            ["--proxy-header", "X-User", "--proxy-from", "10.0.0.0/8", "--operator-group", "ops"],
+            "--operator-group needs --proxy-groups-header",
+        ),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(capsys, args, reason):

@@ -65,7 +65,7 @@ PROXY = AuthSettings(
     proxy_header="X-Forwarded-User",
     proxy_groups_header="X-Forwarded-Groups",
     proxy_addresses=("127.0.0.0/8",),
-    operators=frozenset({"oncall"}),
+    operator_groups=frozenset({"oncall"}),
 )
 FROM_PROXY = ("127.0.0.1", 50000)
 
