@@ -187,6 +187,12 @@ class RunCounter:
             self._finished: dict[tuple[str, str], int] = {}
             self._durations: dict[str, _Buckets] = {}
             self._attempts: dict[str, _Buckets] = {}
+            self._stalls = 0
+
+    def record_stall(self) -> None:
+        """Count one stall of the worker's event loop."""
+        with self._lock:
+            self._stalls += 1
 
     def declare(self, job_types: Iterable[str]) -> None:
         """Serve the counters of these types from 0, before their first job ends.
@@ -261,7 +267,13 @@ class RunCounter:
         )
         for job_type, series in sorted(self._attempts.items()):
             attempts.add_metric([job_type], series.cumulative(ATTEMPT_BUCKETS), series.total)
-        return [finished, duration, attempts]
+        stalls = CounterMetricFamily(
+            "rota_worker_loop_stalls",
+            "Times this worker's event loop did not turn for loop_stall_seconds (1 s by"
+            " default): a handler blocking it (time.sleep in an async def, say).",
+        )
+        stalls.add_metric([], self._stalls)
+        return [finished, duration, attempts, stalls]
 
 
 RUNS = RunCounter()
@@ -276,6 +288,11 @@ def record_outcome(job_type: str, outcome: Outcome, duration_seconds: float, att
 def record_outcomes(runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
     """Count a batch of handler runs, each (type, outcome, duration seconds, attempts)."""
     RUNS.record(runs)
+
+
+def record_loop_stall() -> None:
+    """Count one stall of the worker's event loop; called by its heartbeat thread."""
+    RUNS.record_stall()
 
 
 class WorkerCollector:

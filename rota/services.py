@@ -21,6 +21,7 @@ from typing import Protocol
 
 from rota import db
 from rota.errors import RotaError
+from rota.settings import ConnectionSettings
 
 log = logging.getLogger("rota.services")
 
@@ -65,20 +66,27 @@ class Service(abc.ABC):
 
 
 def run_loop(
-    service: Service, dsn: str, stop: threading.Event, *, once: bool = False
+    service: Service,
+    dsn: str,
+    stop: threading.Event,
+    *,
+    once: bool = False,
+    connection: ConnectionSettings | None = None,
 ) -> list[Result]:
     """Run `service` until `stop` is set, logging what each pass did.
 
     With `once`, run passes until one is not capped and return their results;
-    a failure then raises instead of being logged and retried.
+    a failure then raises instead of being logged and retried. The service's
+    connection carries the timeouts of `connection` (the defaults when None).
     """
+    timeouts = connection or ConnectionSettings()
     results: list[Result] = []
     conn: db.Conn | None = None
     try:
         while not stop.is_set():
             try:
                 if conn is None:
-                    conn = _connect(service, dsn)
+                    conn = _connect(service, dsn, timeouts)
                 result = service.run_once(conn)
                 if once or result.count:
                     log.info("%s: %s", service.name, result)
@@ -102,17 +110,26 @@ def run_loop(
     return results
 
 
-def start_thread(service: Service, dsn: str, stop: threading.Event) -> threading.Thread:
+def start_thread(
+    service: Service,
+    dsn: str,
+    stop: threading.Event,
+    connection: ConnectionSettings | None = None,
+) -> threading.Thread:
     """`run_loop` in a daemon thread of its own, until `stop` is set."""
     thread = threading.Thread(
-        target=run_loop, args=(service, dsn, stop), name=f"rota-{service.name}", daemon=True
+        target=run_loop,
+        args=(service, dsn, stop),
+        kwargs={"connection": connection},
+        name=f"rota-{service.name}",
+        daemon=True,
     )
     thread.start()
     return thread
 
 
-def _connect(service: Service, dsn: str) -> db.Conn:
-    conn = db.connect(dsn, application_name=f"rota-{service.name}")
+def _connect(service: Service, dsn: str, timeouts: ConnectionSettings) -> db.Conn:
+    conn = db.connect(dsn, application_name=f"rota-{service.name}", **timeouts.libpq(dsn))
     if service.wake_channel is not None:
         db.listen(conn, service.wake_channel)
     return conn

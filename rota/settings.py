@@ -7,6 +7,9 @@ else receives one of these.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
 
 from rota import limits
 from rota.errors import InvalidInput
@@ -46,3 +49,80 @@ class BackoffSettings:
             raise InvalidInput("backoff needs 0 <= base_seconds <= cap_seconds")
         if not 0 <= self.jitter <= 1:
             raise InvalidInput("backoff jitter must be between 0 and 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionSettings:
+    """Timeouts of the long-lived connections of Rota's own processes (workers and
+    their services); none of them applies to the connections handlers open."""
+
+    connect_timeout_seconds: int = 5
+    """libpq's ``connect_timeout``: the longest a connection attempt waits for a
+    host that does not answer (whole seconds, at least 2); Rota retries with backoff."""
+
+    keepalives_idle_seconds: int = 10
+    """TCP keepalives: seconds of silence on a connection before the first probe."""
+
+    keepalives_interval_seconds: int = 5
+    """TCP keepalives: seconds between unanswered probes."""
+
+    keepalives_count: int = 3
+    """TCP keepalives: unanswered probes before the kernel drops the connection, so
+    an idle connection to a vanished host is noticed within idle + count x interval
+    seconds (25 s by default)."""
+
+    tcp_user_timeout_seconds: float = 20.0
+    """TCP_USER_TIMEOUT: the longest data sent may stay unacknowledged before the
+    kernel drops the connection (a host gone while a statement is sent)."""
+
+    statement_timeout_seconds: float | None = 30.0
+    """``statement_timeout`` of the worker's and services' own statements (claims,
+    outcomes, heartbeats, the reaper, the scheduler, the archive): a statement stuck
+    behind a lock is refused, logged and tried again. None: the server's setting.
+    Sent as a startup option; a pooler that drops startup options drops it."""
+
+    lock_timeout_seconds: float = 2.0
+    """``lock_timeout`` of the heartbeat statement: a lease row locked by a handler's
+    own transaction is not waited for; the heartbeat renews the others one at a time."""
+
+    answer_timeout_seconds: float = 40.0
+    """The longest the worker waits for the answer to one of its statements before it
+    takes the connection for dead and opens a new one: a connection the network
+    silently stopped carrying (a half-open socket after a failover, a proxy that
+    stopped forwarding) answers nothing, and neither the statement timeout nor the
+    keepalives end that wait. A claim that waits for a NOTIFY gets the poll interval
+    on top."""
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout_seconds < 2:
+            raise InvalidInput("connect_timeout_seconds must be at least 2 (libpq's minimum)")
+        for name in ("keepalives_idle_seconds", "keepalives_interval_seconds", "keepalives_count"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(f"{name} must be at least 1")
+        limits.timeout_seconds(self.tcp_user_timeout_seconds, "tcp_user_timeout_seconds")
+        limits.timeout_seconds(self.lock_timeout_seconds, "lock_timeout_seconds")
+        limits.timeout_seconds(self.answer_timeout_seconds, "answer_timeout_seconds")
+        if self.statement_timeout_seconds is not None:
+            limits.timeout_seconds(self.statement_timeout_seconds, "statement_timeout_seconds")
+
+    def libpq(self, dsn: str, *, lock_timeout: bool = False) -> dict[str, Any]:
+        """Connection keywords for `rota.db.connect`: the timeouts, with the server
+        settings added to the ``options`` the URL may already carry."""
+        options = [str(conninfo_to_dict(dsn).get("options") or "")]
+        if self.statement_timeout_seconds is not None:
+            options.append(f"-c statement_timeout={_ms(self.statement_timeout_seconds)}")
+        if lock_timeout:
+            options.append(f"-c lock_timeout={_ms(self.lock_timeout_seconds)}")
+        return {
+            "connect_timeout": self.connect_timeout_seconds,
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle_seconds,
+            "keepalives_interval": self.keepalives_interval_seconds,
+            "keepalives_count": self.keepalives_count,
+            "tcp_user_timeout": _ms(self.tcp_user_timeout_seconds),
+            "options": " ".join(o for o in options if o),
+        }
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))

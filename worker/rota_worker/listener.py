@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from rota import db, sql
 
@@ -17,10 +18,15 @@ log = logging.getLogger("rota.worker")
 
 
 class Listener(threading.Thread):
-    def __init__(self, dsn: str, wake: threading.Event) -> None:
+    def __init__(
+        self, dsn: str, wake: threading.Event, connect: Callable[[], db.Conn] | None = None
+    ) -> None:
         super().__init__(name="rota-listener", daemon=True)
         self.dsn = dsn
         self.wake = wake
+        self._connect = connect or (
+            lambda: db.connect(self.dsn, application_name="rota-worker-listen")
+        )
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -40,7 +46,7 @@ class Listener(threading.Thread):
                 delay = min(delay * 2, 5.0)
 
     def _listen(self) -> None:
-        conn = db.connect(self.dsn, application_name="rota-worker-listen")
+        conn = self._connect()
         try:
             conn.execute(sql.query("listen_jobs"))
             # After (re)connecting, wake the claim loop: notifications may have been missed.

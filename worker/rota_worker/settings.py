@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from rota import limits
 from rota.errors import InvalidInput
 from rota.reaper import ReaperSettings
-from rota.settings import BackoffSettings
+from rota.settings import BackoffSettings, ConnectionSettings
 
 ISOLATIONS = ("thread", "process")
 
@@ -83,6 +83,16 @@ class WorkerSettings:
     """While attempts end fast, claim the next batch while the current one runs
     (see rota_worker.claiming); False: claim only into free slots."""
 
+    connection: ConnectionSettings = dataclasses.field(default_factory=ConnectionSettings)
+    """Timeouts of the worker's own connections (claims, outcomes, heartbeats, the
+    registry, the listener, the services): connect timeout, TCP keepalives,
+    TCP_USER_TIMEOUT, statement and lock timeouts, and the answer deadline."""
+
+    loop_stall_seconds: float = 1.0
+    """The event loop not turning for this long is a stall: logged, and counted in
+    rota_worker_loop_stalls_total (a handler blocking it: time.sleep in an async def).
+    Heartbeats go on from their own thread meanwhile."""
+
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise InvalidInput("concurrency must be at least 1")
@@ -94,6 +104,7 @@ class WorkerSettings:
             limits.timeout_seconds(self.job_timeout_seconds, "--job-timeout")
         if self.isolation not in ISOLATIONS:
             raise InvalidInput(f"isolation must be thread or process, not {self.isolation!r}")
+        limits.interval_seconds(self.loop_stall_seconds, "loop_stall_seconds")
         if self.finish_batch_size < 1:
             raise InvalidInput("finish_batch_size must be at least 1")
 

@@ -5,8 +5,12 @@ Each part owns one concern and one connection (a `Link`):
   statement, and waits for a NOTIFY or the poll interval when the queue is empty;
 - `OutcomeBuffer` writes finished attempts' outcomes in batches, conditional on
   the lease, and keeps them through an outage;
-- `LeaseKeeper` holds every attempt by (job id, attempt), heartbeats their
-  leases and stops attempts that lost their lease or were cancelled;
+- `LeaseKeeper` holds every attempt (a record per claim, see
+  `rota_worker.attempts`) and stops attempts that lost their lease or were
+  cancelled; `Heartbeat` renews their leases from a thread and a connection of
+  its own, and watches the event loop for stalls;
+- `Deadlines` puts timeouts on every connection and an answer deadline on
+  every call, so a connection the network stopped carrying is replaced;
 - `run_attempt` runs one handler under its timeout; sync handlers run in a
   `ThreadRunner` or a `ProcessRunner`;
 - the maintenance services (reaper, scheduler) run in threads of their own.
@@ -43,8 +47,9 @@ from rota.services import Service, start_thread
 from rota_worker.attempts import State
 from rota_worker.claiming import ClaimLoop
 from rota_worker.execute import Execution, Stop, run_attempt, timeout_of
+from rota_worker.heartbeat import Heartbeat
 from rota_worker.leases import LeaseKeeper
-from rota_worker.link import Backoff, Link, first
+from rota_worker.link import Backoff, Deadlines, Link, first
 from rota_worker.listener import Listener
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.probes import serve
@@ -56,6 +61,10 @@ log = logging.getLogger("rota.worker")
 
 STALL_SECONDS = 60.0
 """/healthz fails when the claim loop has not turned for this long."""
+
+LINKS = ("claim-ahead", "flush", "registry")
+"""The worker's connections besides the lead claim's, the listener's and the
+heartbeat's (each loop owns one)."""
 
 
 class Worker:
@@ -74,6 +83,8 @@ class Worker:
         self.worker_id = s.worker_id
         self.context = Context(dsn, self.worker_id)
         self.leases = LeaseKeeper(self.worker_id, s.lease_seconds)
+        self.deadlines = Deadlines(s.connection)
+        self.heartbeat = Heartbeat(dsn, self.leases, self.deadlines, s.loop_stall_seconds)
         self.outcomes = OutcomeBuffer(
             self.worker_id, s.finish_batch_size, self._settled, s.reconnect_max_seconds
         )
@@ -121,9 +132,16 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stop_now)
         io = ThreadPoolExecutor(max_workers=5, thread_name_prefix="rota-io")
-        names = ("claim", "claim-ahead", "flush", "heartbeat")
-        links = {name: Link(self.dsn, name, io) for name in names}
-        listener = Listener(self.dsn, self.claims.jobs_notified)
+        links = {name: Link(self.dsn, name, io, self.deadlines) for name in LINKS}
+        # The lead claim first waits for a NOTIFY (at most the poll interval).
+        links["claim"] = Link(
+            self.dsn, "claim", io, self.deadlines, self.settings.poll_interval_seconds
+        )
+        listener = Listener(
+            self.dsn,
+            self.claims.jobs_notified,
+            functools.partial(self.deadlines.connect, self.dsn, "listen"),
+        )
         listener.start()
         probes = self._serve_probes()
         services_stop = threading.Event()
@@ -137,12 +155,14 @@ class Worker:
         loops: list[asyncio.Task[None]] = []
         try:
             if await self._wait_until_usable(io):
-                await self._registry(links["heartbeat"], workers.register)
+                await self._registry(links["registry"], workers.register)
                 for service in self.services:
-                    start_thread(service, self.dsn, services_stop)
+                    start_thread(service, self.dsn, services_stop, self.settings.connection)
+                self.heartbeat.start(self._loop)
                 loops = [
                     asyncio.create_task(self.outcomes.run(links["flush"])),
-                    asyncio.create_task(self._heartbeats(links["heartbeat"])),
+                    asyncio.create_task(self.heartbeat.tick_loop()),
+                    asyncio.create_task(self._refresh_registry(links["registry"])),
                 ]
                 await self.claims.run(links["claim"], links["claim-ahead"])
                 await self._shut_down()
@@ -150,8 +170,9 @@ class Worker:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+            await self._loop.run_in_executor(None, self.heartbeat.stop)
             if loops:  # registered: take the row out again
-                await self._registry(links["heartbeat"], workers.deregister)
+                await self._registry(links["registry"], workers.deregister)
             listener.stop()
             services_stop.set()
             if probes is not None:
@@ -208,10 +229,11 @@ class Worker:
             self.leases.drop(attempt.owner)
         self.claims.wake()
 
-    async def _heartbeats(self, link: Link) -> None:
+    async def _refresh_registry(self, link: Link) -> None:
+        """Keep this worker's row in rota.worker alive (and the queue's samples
+        written), off the lease-critical path: heartbeats have their own thread."""
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
-            await self.leases.beat(link)
             await self._registry(link, workers.refresh)
 
     async def _registry(self, link: Link, call: Callable[..., object]) -> None:
@@ -257,6 +279,9 @@ class Worker:
         """None when healthy, else why /healthz fails."""
         if time.monotonic() - self.claims.last_tick >= STALL_SECONDS:
             return "stalled: the claim loop has not turned for a minute"
+        overdue = self.heartbeat.overdue()
+        if overdue is not None:
+            return overdue
         if not self.runner.healthy:
             return f"{self.runner.abandoned} handler threads are stuck (the concurrency)"
         return None
