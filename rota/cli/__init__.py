@@ -2,8 +2,8 @@
 
 Each module has ``register(subparsers)``, which adds its commands with
 ``set_defaults(func=...)``; a command function takes the parsed arguments and
-returns the exit code. `main` turns `UsageError`/`InvalidInput` into exit 2 with
-a one-line reason and any other `RotaError` into exit 1.
+returns the exit code. `main` turns every failure into one line on stderr and
+an exit code (`rota.cli.exits`): 2 for bad usage or input, 1 for the rest.
 
 Commands that live outside the core (`rota worker` and `rota demo`, from the
 worker package) come in through the ``rota.commands`` entry point group: each
@@ -18,11 +18,12 @@ import importlib.metadata
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from rota import logs
+from rota.cli import exits
 from rota.cli.common import UsageError
-from rota.errors import InvalidInput, RotaError
 
 # Subcommand modules, in the order `rota --help` lists them.
 _MODULES = [
@@ -61,23 +62,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    verbose = False
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(words)
+        verbose = args.verbose
         logs.configure(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
         return int(args.func(args) or 0)
-    except (UsageError, InvalidInput) as exc:
-        print(f"rota: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except RotaError as exc:
-        print(f"rota: {_one_line(exc)}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`rota jobs list | head`): nothing more to say.
+        _quiet_stdout()
+        return 0
+    except Exception as exc:
+        explained = exits.explain(exc, words)
+        if explained is None:
+            if verbose:
+                traceback.print_exc()
+            code, line = (
+                exits.RUNTIME,
+                (
+                    f"unexpected {type(exc).__name__}: {exits.one_line(exc)}"
+                    " (`rota -v ...` prints its traceback)"
+                ),
+            )
+        else:
+            code, line = explained
+        print(f"rota: {line}", file=sys.stderr)
+        return code
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+def _quiet_stdout() -> None:
+    """Send what stdout still holds to /dev/null, so exiting does not fail on the pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def run() -> None:
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    sys.exit(code)

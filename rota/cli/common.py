@@ -6,11 +6,15 @@ Exit codes: 0 ok, 2 bad usage or input (one-line reason, nothing written),
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 from datetime import UTC, datetime
 from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 
 class UsageError(Exception):
@@ -18,8 +22,19 @@ class UsageError(Exception):
 
 
 def database_url() -> str:
-    """ROTA_DATABASE_URL, or "" so libpq falls back to its PG* variables."""
-    return os.environ.get("ROTA_DATABASE_URL", "")
+    """ROTA_DATABASE_URL, or "" so libpq falls back to its PG* variables.
+
+    A value libpq cannot read is bad input, said before anything connects."""
+    url = os.environ.get("ROTA_DATABASE_URL", "")
+    if url:
+        try:
+            conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise UsageError(
+                f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {exc}"
+                " (expected postgresql://USER@HOST:PORT/DATABASE)"
+            ) from None
+    return url
 
 
 def parse_json(text: str | None, what: str = "--payload") -> Any:
@@ -59,13 +74,13 @@ def parse_duration(text: str, what: str) -> float:
 
 
 def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+    """argparse type: an integer >= 1 (argparse names the option in the error)."""
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
-        raise UsageError(f"must be at least 1: {text!r}")
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
 
 

@@ -26,7 +26,9 @@ def register(sub: Any) -> None:
     p = jobs.add_parser("cancel", help="cancel jobs: ready ones at once, running ones asked")
     p.add_argument("ids", nargs="*", type=_job_id, metavar="ID")
     p.add_argument("--type", help="every ready and running job of this type")
-    p.add_argument("--status", choices=[Status.READY, Status.RUNNING], help="with --type")
+    p.add_argument(
+        "--status", choices=[Status.READY.value, Status.RUNNING.value], help="with --type"
+    )
     p.set_defaults(func=cmd_jobs_cancel)
 
     dead = sub.add_parser("dead", help="the dead-letter list").add_subparsers(
@@ -46,8 +48,8 @@ def register(sub: Any) -> None:
 def _job_id(text: str) -> int:
     try:
         return positive_int(text)
-    except UsageError:
-        raise UsageError(f"not a job id: {text!r}") from None
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
 
 
 _COLUMNS = ["id", "type", "status", "priority", "attempts", "run_at", "locked_by", "last_error"]
@@ -96,8 +98,10 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_cancel(args: argparse.Namespace) -> int:
-    if bool(args.ids) == bool(args.type):
-        raise UsageError("give job ids or --type (not both)")
+    if args.ids and args.type:
+        raise UsageError("give job ids or --type, not both")
+    if not args.ids and not args.type:
+        raise UsageError("give job ids or --type: rota jobs cancel ID... | --type TYPE")
     if args.status and not args.type:
         raise UsageError("--status goes with --type")
     if args.ids:
@@ -123,8 +127,13 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_retry(args: argparse.Namespace) -> int:
-    if bool(args.ids) == bool(args.all):
-        raise UsageError("give job ids or --all (not both)")
+    if args.ids and args.all:
+        raise UsageError("give job ids or --all, not both")
+    if not args.ids and not args.all:
+        raise UsageError("give job ids or --all: rota dead retry ID... | --all")
+    unknown = lookup.unknown_ids(database_url(), args.ids)
+    if unknown:
+        raise UsageError(f"no job with id {', '.join(map(str, unknown))}")
     revived = control.retry_dead(database_url(), args.ids, all_dead=args.all)
     missing = sorted(set(args.ids) - set(revived))
     print(f"{len(revived)} job(s) back to ready" + (f": {revived}" if revived else ""))

@@ -96,8 +96,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def _types(args: argparse.Namespace) -> list[str] | None:
-    if bool(args.types) == bool(args.all):
-        raise UsageError(f"give job types or --all (not both): rota {args.command} TYPE... | --all")
+    if args.types and args.all:
+        raise UsageError(f"give job types or --all, not both: rota {args.command} TYPE... | --all")
+    if not args.types and not args.all:
+        raise UsageError(f"give job types or --all: rota {args.command} TYPE... | --all")
     return None if args.all else args.types
 
 

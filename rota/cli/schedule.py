@@ -20,7 +20,6 @@ from rota.cli.common import (
     positive_int,
     print_json,
 )
-from rota.errors import RotaError
 from rota.schedule_store import ScheduleSpec
 
 _MAX_PREVIEW = 10_000
@@ -133,7 +132,7 @@ def _instants(value: datetime, timezone: str) -> tuple[str, str]:
 
 def cmd_remove(args: argparse.Namespace) -> int:
     if not schedule_store.remove(database_url(), args.name):
-        raise RotaError(f"no schedule named {args.name!r}")
+        raise UsageError(f"no schedule named {args.name!r}")
     print(f"{args.name}: removed")
     return 0
 
@@ -149,7 +148,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _set_suspended(name: str, suspend: bool) -> int:
     row = schedule_store.set_suspended(database_url(), name, suspend)
     if row is None:
-        raise RotaError(f"no schedule named {name!r}")
+        raise UsageError(f"no schedule named {name!r}")
     local, utc = _instants(row["next_run_at"], row["timezone"])
     state = "suspended" if suspend else f"resumed, next run {local} ({utc})"
     print(f"{name}: {state}")

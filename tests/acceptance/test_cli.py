@@ -49,7 +49,7 @@ def test_enqueue_prints_the_id_and_a_known_key_prints_the_same_id(
         ),
         (["jobs", "list", "--status", "sleeping"], {}, "unknown status"),
         (["jobs", "show", "abc"], {}, "not a job id"),
-        (["dead", "retry"], {}, "give job ids or --all"),
+        (["dead", "retry"], {}, "give job ids or --all: rota dead retry ID"),
         (["no-such-command"], {}, "invalid choice"),
     ],
 )
@@ -80,7 +80,7 @@ def test_jobs_list_show_and_dead_retry(db_url: str, conn: psycopg.Connection[Any
     assert "ValueError: x" in table.stdout and table.stdout.startswith("ID")
     shown = json.loads(rota(db_url, "jobs", "show", "3").stdout)
     assert (shown["status"], shown["type"]) == ("ready", "report")
-    assert rota(db_url, "jobs", "show", "99").returncode == 1
+    assert rota(db_url, "jobs", "show", "99").returncode == 2
     retried = rota(db_url, "dead", "retry", "1", "3")
     assert retried.returncode == 0
     assert (
@@ -95,4 +95,4 @@ def test_jobs_list_show_and_dead_retry(db_url: str, conn: psycopg.Connection[Any
 def test_commands_against_an_unreachable_database_exit_1(db_url: str) -> None:
     result = rota("postgresql://nobody@127.0.0.1:1/nothing", "enqueue", "t")
     assert result.returncode == 1
-    assert "database unavailable" in result.stderr
+    assert "cannot reach the database of ROTA_DATABASE_URL" in result.stderr

@@ -44,7 +44,7 @@ def test_add_list_suspend_resume_remove(db_url: str, conn: Conn) -> None:
     assert "resumed, next run" in rota(db_url, "schedule", "resume", "reports").stdout
     assert rota(db_url, "schedule", "remove", "reports").returncode == 0
     gone = rota(db_url, "schedule", "remove", "reports")
-    assert gone.returncode == 1 and "no schedule named 'reports'" in gone.stderr
+    assert gone.returncode == 2 and "no schedule named 'reports'" in gone.stderr
     assert schedule_count(conn) == 1  # the built-in rota/archive
 
 

@@ -67,6 +67,10 @@ def load_handlers(modules: list[str]) -> None:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             raise UsageError(f"cannot import handlers module {name!r}: {exc}") from None
+        except Exception as exc:  # a SyntaxError, or the module raised as it ran
+            raise UsageError(
+                f"cannot import handlers module {name!r}: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -1,0 +1,73 @@
+"""What `rota` says when a command fails, and with which exit code.
+
+DESIGN.md section 5: 2 for bad usage or input (an unknown job id or schedule
+name included), 1 for a runtime error. Either way one line on stderr that
+says what to do, never a traceback (`rota -v` adds it for an unexpected one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+import psycopg
+
+from rota.cli.common import UsageError
+from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput, JobNotFound, RotaError
+
+BAD_INPUT = 2
+RUNTIME = 1
+
+_NO_SCHEMA = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.InvalidSchemaName,
+)
+"""What a statement meets in a database that `rota migrate` has not brought up to date."""
+
+
+def explain(exc: BaseException, argv: Sequence[str]) -> tuple[int, str] | None:
+    """The exit code and the line to print for `exc`, or None if it is not Rota's."""
+    if isinstance(exc, UsageError | InvalidInput | JobNotFound):
+        return BAD_INPUT, f"error: {one_line(exc)}{_dash_hint(str(exc), argv)}"
+    if isinstance(exc, DatabaseUnavailable):
+        return RUNTIME, _unavailable(exc)
+    if isinstance(exc, DatabaseError) and isinstance(exc.__cause__, _NO_SCHEMA):
+        return RUNTIME, (
+            "the database has no Rota schema, or an older one: run `rota migrate`"
+            f" ({str(exc.__cause__).splitlines()[0]})"
+        )
+    if isinstance(exc, RotaError):
+        return RUNTIME, one_line(exc)
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+
+
+def _unavailable(exc: DatabaseUnavailable) -> str:
+    reason = one_line(exc).removeprefix("database unavailable: ")
+    if os.environ.get("ROTA_DATABASE_URL"):
+        return f"cannot reach the database of ROTA_DATABASE_URL: {reason}"
+    return (
+        "cannot reach a database: ROTA_DATABASE_URL is not set, so libpq's defaults"
+        f" were tried (the PG* variables, or a local socket): {reason}"
+    )
+
+
+_EXPECTED_ONE = re.compile(r"argument (\S+): expected one argument")
+
+
+def _dash_hint(message: str, argv: Sequence[str]) -> str:
+    """argparse takes `--older-than -1d` for two options; say how to pass such a value."""
+    found = _EXPECTED_ONE.search(message)
+    if not found:
+        return ""
+    options = found.group(1).split("/")
+    for i, word in enumerate(argv[:-1]):
+        if word in options and argv[i + 1].startswith("-"):
+            return f" (a value that starts with '-' is written {word}={argv[i + 1]})"
+    return ""
