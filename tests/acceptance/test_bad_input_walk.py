@@ -51,6 +51,7 @@ BAD_INPUT: dict[str, list[list[str]]] = {
         ["--handlers", "no_such_module"],
     ],
     "demo": [["--seconds", "soon"]],
+    "exporter": [["--port", "70000"], ["--cache", "-1"]],
 }
 
 HANDLER_MODULES = {
