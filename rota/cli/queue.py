@@ -42,6 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--priority", type=int, help="0 (runs first) to 9; default 0")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit of each attempt")
     p.add_argument(
+        "--group", metavar="G", help="the job's concurrency group (a tenant, an account)"
+    )
+    p.add_argument(
         "--max-payload-bytes",
         type=positive_int,
         default=int(os.environ.get("ROTA_MAX_PAYLOAD_BYTES") or QueueSettings().max_payload_bytes),
@@ -89,6 +92,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         priority=args.priority,
         timeout=args.timeout,
+        group=args.group,
         settings=settings,
     )
     print(job_id)

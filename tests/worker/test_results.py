@@ -184,7 +184,7 @@ def test_the_archive_keeps_result_errors_and_group(conn) -> None:
 
 
 def test_rota_jobs_show_prints_the_result_and_the_errors(conn, db_url) -> None:
-    job_id = rota.enqueue(conn, "t", now=T0)
+    job_id = int(rota_cli(db_url, "enqueue", "t", "--group", "tenant-1").stdout)
     _attempt(conn, job_id, 1, Outcome.RETRY, "ValueError: first")
     claims.claim(conn, "w", 1, 30, now=T0 + timedelta(minutes=5))
     claims.write_outcomes(
@@ -193,4 +193,4 @@ def test_rota_jobs_show_prints_the_result_and_the_errors(conn, db_url) -> None:
     shown = json.loads(rota_cli(db_url, "jobs", "show", str(job_id)).stdout)
     assert shown["result"] == {"id": "abc"}
     assert [(e["attempt"], e["error"]) for e in shown["errors"]] == [(1, "ValueError: first")]
-    assert shown["status"] == "done" and shown["group_key"] is None
+    assert shown["status"] == "done" and shown["group_key"] == "tenant-1"

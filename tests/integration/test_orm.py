@@ -1,0 +1,138 @@
+"""Enqueueing in an ORM's transaction: a SQLAlchemy Connection or Session (sync and
+async engines, psycopg driver). The job exists if and only if the caller's rows
+commit. Django's connection is tested under Django (tests/django)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import pytest_asyncio
+from psycopg.conninfo import conninfo_to_dict
+
+import rota
+from rota.errors import InvalidInput
+
+sqlalchemy = pytest.importorskip("sqlalchemy")
+from sqlalchemy import URL, create_engine, text  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+
+def url(db_url: str, driver: str = "psycopg") -> Any:
+    """The SQLAlchemy URL of a libpq connection string."""
+    info = conninfo_to_dict(db_url)
+    return URL.create(
+        f"postgresql+{driver}",
+        username=info.get("user"),
+        password=info.get("password"),
+        host=info.get("host"),
+        port=int(info["port"]) if info.get("port") else None,
+        database=info.get("dbname"),
+    )
+
+
+def committed(db_url: str) -> tuple[list[str], list[str]]:
+    """The orders and the jobs' keys that are in the database."""
+    with psycopg.connect(db_url) as conn:
+        orders = [r[0] for r in conn.execute("SELECT name FROM orders ORDER BY name")]
+        keys = [r[0] for r in conn.execute("SELECT idempotency_key FROM rota.job ORDER BY id")]
+    return orders, keys
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Any]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (name text)")
+    made = create_engine(url(db_url))
+    yield made
+    made.dispose()
+
+
+@pytest_asyncio.fixture
+async def async_engine(db_url: str) -> AsyncIterator[Any]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (name text)")
+    made = create_async_engine(url(db_url))
+    yield made
+    await made.dispose()
+
+
+def order(name: str) -> Any:
+    return text(f"INSERT INTO orders (name) VALUES ('{name}')")
+
+
+def test_a_connection_commits_or_rolls_back_its_rows_and_its_jobs_together(engine, db_url) -> None:
+    with engine.begin() as conn:
+        conn.execute(order("a"))
+        rota.enqueue(conn, "ship", {"order": "a"}, key="a")
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        conn.execute(order("b"))
+        rota.enqueue_many(conn, [rota.NewJob("ship", key="b"), rota.NewJob("bill", key="b2")])
+        raise RuntimeError("payment refused")
+    # Commit as you go: enqueue first (it begins the transaction as a statement would).
+    with engine.connect() as conn:
+        rota.enqueue(conn, "ship", key="c")
+        conn.execute(order("c"))
+        conn.commit()
+        rota.enqueue(conn, "ship", key="d")
+        conn.execute(order("d"))
+    # Closed without a commit: d rolled back.
+    assert committed(db_url) == (["a", "c"], ["a", "c"])
+
+
+def test_a_session_commits_or_rolls_back_its_rows_and_its_jobs_together(engine, db_url) -> None:
+    with Session(engine) as session:
+        rota.enqueue(session, "ship", key="a")
+        session.execute(order("a"))
+        session.commit()
+    with Session(engine) as session:
+        session.execute(order("b"))
+        rota.enqueue(session, "ship", key="b")
+        session.rollback()
+        session.execute(order("c"))
+        assert rota.enqueue(session, "ship", key="a") == 1  # the known key's job
+        rota.enqueue(session, "ship", key="c")
+        session.commit()
+    assert committed(db_url) == (["a", "c"], ["a", "c"])
+
+
+@pytest.mark.asyncio
+async def test_async_connections_and_sessions_join_their_transactions(async_engine, db_url) -> None:
+    async with async_engine.begin() as conn:
+        await conn.execute(order("a"))
+        await rota.enqueue_async(conn, "ship", key="a")
+    with pytest.raises(RuntimeError):
+        async with async_engine.begin() as conn:
+            await conn.execute(order("b"))
+            await rota.enqueue_many_async(conn, [rota.NewJob("ship", key="b")])
+            raise RuntimeError("payment refused")
+    async with AsyncSession(async_engine) as session:
+        await rota.enqueue_async(session, "ship", key="c")
+        await session.execute(order("c"))
+        await session.commit()
+        await rota.enqueue_async(session, "ship", key="d")
+        await session.rollback()
+    assert committed(db_url) == (["a", "c"], ["a", "c"])
+
+
+@pytest.mark.asyncio
+async def test_connections_rota_cannot_join_are_refused_naming_what_to_use(
+    engine, async_engine, db_url
+) -> None:
+    sqlite = create_engine("sqlite://")
+    with sqlite.connect() as conn, pytest.raises(InvalidInput) as refused:
+        rota.enqueue(conn, "t")
+    assert str(refused.value) == (
+        "Rota joins the transactions of psycopg 3 connections only; this SQLAlchemy engine "
+        "uses sqlite3: create the engine with a postgresql+psycopg:// URL (psycopg 3, sync "
+        "or async)"
+    )
+    async with async_engine.connect() as conn:
+        with pytest.raises(InvalidInput, match=r"AsyncConnection is asynchronous: use rota\."):
+            rota.enqueue(conn, "t")  # type: ignore[arg-type]
+    with engine.connect() as conn, pytest.raises(InvalidInput, match="synchronous: use"):
+        await rota.enqueue_async(conn, "t")  # type: ignore[arg-type]
+    assert committed(db_url) == ([], [])
