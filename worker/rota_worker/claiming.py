@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import threading
 import time
@@ -51,6 +52,58 @@ STOP_GIVE_BACK_SECONDS = 5.0
 """How long a stopping worker tries to give back the jobs of a lost claim."""
 
 
+class LaneState(enum.StrEnum):
+    """Where a lane's claims stand after its last answer."""
+
+    CLAIMING = "claiming"
+    """Its claims carry the pending outcomes along."""
+    IDLE = "idle"
+    """Its last claim found the queue empty: the lead lane's next claim waits for a
+    NOTIFY (or the poll interval) and carries no outcomes."""
+    REFUSED = "refused"
+    """The database refused its last claim: the next one carries no outcomes, which
+    the buffer writes meanwhile."""
+
+
+class Recovery(enum.StrEnum):
+    """The jobs of a claim whose answer was lost (the claim may have committed)."""
+
+    NONE = "none"
+    """Nothing to give back: lanes claim."""
+    LOST = "lost"
+    """A claim failed in flight: its jobs may run under this worker's name, held by
+    nobody here. They are given back before the next claim."""
+    GIVING_BACK = "giving back"
+    """A lane gives them back now; the other lane waits."""
+
+
+class Lane:
+    """One claim connection and where its claims stand."""
+
+    def __init__(self, link: Link | None, lead: bool, reconnect_max: float = 10.0) -> None:
+        self._link = link
+        self.lead = lead
+        """The first lane; the second claims only ahead of fast jobs."""
+        self.state = LaneState.CLAIMING
+        self.asked = 0
+        """Jobs asked for by this lane's claim in flight."""
+        self.backoff = Backoff(most=reconnect_max)
+
+    @property
+    def link(self) -> Link:
+        assert self._link is not None
+        return self._link
+
+    @property
+    def waits_for_notify(self) -> bool:
+        """Its (next or current) claim waits for a NOTIFY in its I/O thread."""
+        return self.lead and self.state is LaneState.IDLE
+
+    @property
+    def carries_outcomes(self) -> bool:
+        return not self.waits_for_notify and self.state is not LaneState.REFUSED
+
+
 class ClaimLoop:
     def __init__(
         self,
@@ -74,23 +127,19 @@ class ClaimLoop:
         self.active = 0
         """Attempts started whose handler has not ended."""
         self._fast_in_a_row = 0
-        self._requested = 0
-        """Jobs asked for by the claims in flight."""
         self._parked: asyncio.Future[None] | None = None
         self.jobs_notified = threading.Event()
         """Set by the listener thread when a job that can run now was enqueued (and
         when the worker stops): an idle claim waits for it."""
-        self._lead_idle = False
-        """The first lane's claim waits for a NOTIFY: no claim to go ahead of."""
-        self._no_more_claims = False
+        self._claims_closed = False
         """The worker stops, or the lanes are done: an idle claim still waiting for a
         NOTIFY returns without claiming."""
         self.ready = False
         """The database answered the last claim."""
-        self._claim_lost = False
-        """A claim failed in flight: the database may have committed it, and its jobs
-        be running under this worker's name with nobody here holding them."""
-        self._recovering = False
+        self.recovery = Recovery.NONE
+        """Whether the jobs of a claim whose answer was lost are still to give back."""
+        self._lead = Lane(None, lead=True)
+        self._lanes: list[Lane] = []
         self.last_tick = time.monotonic()
         """When the loop last turned (for /healthz)."""
 
@@ -106,8 +155,9 @@ class ClaimLoop:
         queue never claims faster than it writes."""
         c = self.settings.concurrency
         ahead = c if self.claiming_ahead else 0
-        taken = self.active + len(self.waiting) + self._requested
-        return min(c + ahead - taken, self._cap() - len(self.leases) - self._requested)
+        asked = self._asked
+        taken = self.active + len(self.waiting) + asked
+        return min(c + ahead - taken, self._cap() - len(self.leases) - asked)
 
     def _cap(self) -> int:
         """Most attempts held at once: twice the concurrency; while claiming ahead,
@@ -154,7 +204,7 @@ class ClaimLoop:
     def end_idle_wait(self) -> None:
         """Wake an idle claim waiting for a NOTIFY; it returns without claiming (the
         worker stops, or the lanes are done)."""
-        self._no_more_claims = True
+        self._claims_closed = True
         self.jobs_notified.set()
 
     def start_waiting(self) -> None:
@@ -200,130 +250,172 @@ class ClaimLoop:
     async def run(self, link: Link, ahead: Link | None = None) -> None:
         """Claim until the worker stops: on `link`, and while claiming ahead also on
         `ahead`, so that two claims can be in flight, each on its own connection."""
-        lanes = [asyncio.create_task(self._claim_and_carry(link, lead=True))]
+        most = self.settings.reconnect_max_seconds
+        self._lead = Lane(link, lead=True, reconnect_max=most)
+        lanes = [self._lead]
         if ahead is not None and self.settings.claim_ahead:
-            lanes.append(asyncio.create_task(self._claim_and_carry(ahead, lead=False)))
+            lanes.append(Lane(ahead, lead=False, reconnect_max=most))
+        self._lanes = lanes
+        tasks = [asyncio.create_task(self._claim_and_carry(lane)) for lane in lanes]
         try:
-            await asyncio.gather(*lanes)
+            await asyncio.gather(*tasks)
         finally:
             self.end_idle_wait()
-            for lane in lanes:  # one lane failed: the other stops too
-                lane.cancel()
-            await asyncio.gather(*lanes, return_exceptions=True)
+            for task in tasks:  # one lane failed: the other stops too
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.outcomes.carry(False)
             self.start_waiting()
-        if self._claim_lost:
+        if self.recovery is not Recovery.NONE:
             await self._give_back_lost_claim_at_stop(link)
 
-    async def _claim_and_carry(self, link: Link, lead: bool) -> None:
-        backoff = Backoff(most=self.settings.reconnect_max_seconds)
-        s = self.settings
-        idle = False  # this lane's last claim found the queue empty
-        refused = False  # the database refused this lane's last claim
+    @property
+    def _asked(self) -> int:
+        """Jobs asked for by the claims in flight."""
+        return sum(lane.asked for lane in self._lanes)
+
+    async def _claim_and_carry(self, lane: Lane) -> None:
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
             self.give_back_stale(self.last_tick)
-            if self._recovering:  # the other lane gives back the jobs of a lost claim
-                await self._park(s.poll_interval_seconds)
-                continue
-            if self._claim_lost:
-                try:
-                    await self._give_back_lost_claim(link)
-                except (DatabaseUnavailable, DatabaseError) as exc:
-                    # Away or refused: tried again after a wait, as a claim is.
-                    await self._wait_after(exc, backoff)
-                    continue
-            if not lead and not (self.claiming_ahead and self._requested and not self._lead_idle):
-                # The second lane claims only ahead of fast jobs, beside a claim in
-                # flight on the first (so an idle worker polls on one lane).
-                await self._park(s.poll_interval_seconds)
+            if not await self._ready_to_claim(lane):
                 continue
             free = self.free_slots()
             if free <= 0:
-                # Slots full of running attempts: the next to end frees one and its
-                # outcome goes with the claim that fills it. Outcomes already
-                # waiting, or too many held, are written by the buffer meanwhile,
-                # unless a claim is in flight: its lane carries them when it is back.
-                self.outcomes.carry(
-                    self._requested > 0 or (not self.outcomes.pending and self._under_cap())
-                )
-                await self._park(AHEAD_MAX_WAIT_SECONDS if self.waiting else None)
+                await self._wait_for_a_slot()
                 continue
-            # An idle lead lane's claim waits for a NOTIFY in its I/O thread and
-            # carries no outcomes: the buffer writes them meanwhile. So does a
-            # claim after one the database refused, which may be refused again.
-            waits = lead and idle
-            alone = waits or refused
-            self.outcomes.carry(not alone)
-            batch = [] if alone else self.outcomes.take()
-            if not waits:
-                self.jobs_notified.clear()
-            self._requested += free
-            self._lead_idle = waits
+            await self._claim(lane, free)
+
+    async def _ready_to_claim(self, lane: Lane) -> bool:
+        """Whether `lane` claims on this turn; if not, it has waited (or given back
+        the jobs of a lost claim) and the loop turns again."""
+        poll = self.settings.poll_interval_seconds
+        if self.recovery is Recovery.GIVING_BACK:  # the other lane does it
+            await self._park(poll)
+            return False
+        if self.recovery is Recovery.LOST:
             try:
-                if waits:
-                    written, jobs = await link.run(self._claim_when_notified, free)
-                else:
-                    written, jobs = await link.run(
-                        claims.write_and_claim,
-                        s.worker_id,
-                        self.outcomes.to_write(batch),
-                        free,
-                        s.lease_seconds,
-                        self.types,
-                    )
-            except DatabaseUnavailable as exc:
-                self.outcomes.give_back(batch)
-                self.outcomes.carry(False)
-                self.ready = False
-                self._claim_lost = True
-                idle = False  # after a failed claim the next goes at once, notified or not
-                await self._wait_after(exc, backoff)
-                continue
-            except DatabaseError as exc:
-                if not batch:
-                    # The claim alone was refused: the worker's role lost a
-                    # grant, say. Attempts running go on and the buffer writes
-                    # their outcomes; claims wait, not ready, and try again.
-                    self.outcomes.carry(False)
-                    self.ready = False
-                    idle = False
-                    refused = True
-                    await self._wait_after(exc, backoff)
-                    continue
-                # Perhaps one outcome the database cannot take: the buffer writes
-                # them one at a time, and this lane claims without them.
-                self.outcomes.refused(batch, exc)
-                self.outcomes.carry(False)
-                continue
-            except BaseException:
-                self.outcomes.give_back(batch)
-                raise
-            finally:
-                self._requested -= free
-                self._lead_idle = False
-            self.ready = True
-            refused = False
-            backoff.reset()
-            for job in jobs:
-                self.waiting.append(self._hold(job))
-            self.start_waiting()
-            if batch:
-                with contextlib.suppress(DatabaseUnavailable):
-                    await self.outcomes.settle(link, batch, written)
-            idle = len(jobs) < free
-            if idle:
-                # The queue is empty: the lead lane's next claim waits for a NOTIFY
-                # or the poll interval, the second lane for an attempt to end.
-                self.outcomes.carry(False)
-                if not lead:
-                    await self._park(s.poll_interval_seconds)
-                elif jobs:
-                    # The attempts just started take their first step before the
-                    # next claim is handed to an I/O thread, whose wake-up would
-                    # take the interpreter from them (a tenth of a millisecond
-                    # of an idle worker's enqueue-to-start time).
-                    await asyncio.sleep(0)
+                await self._give_back_lost_claim(lane.link)
+            except (DatabaseUnavailable, DatabaseError) as exc:
+                # Away or refused: tried again after a wait, as a claim is.
+                await self._wait_after(exc, lane.backoff)
+                return False
+        if not lane.lead and not self._worth_claiming_ahead():
+            # The second lane claims only ahead of fast jobs, beside a claim in
+            # flight on the first (so an idle worker polls on one lane).
+            await self._park(poll)
+            return False
+        return True
+
+    def _worth_claiming_ahead(self) -> bool:
+        lead = self._lead
+        return self.claiming_ahead and lead.asked > 0 and not lead.waits_for_notify
+
+    async def _wait_for_a_slot(self) -> None:
+        """Slots full of running attempts: the next to end frees one and its outcome
+        goes with the claim that fills it. Outcomes already waiting, or too many
+        held, are written by the buffer meanwhile, unless a claim is in flight: its
+        lane carries them when it is back."""
+        self.outcomes.carry(self._asked > 0 or (not self.outcomes.pending and self._under_cap()))
+        await self._park(AHEAD_MAX_WAIT_SECONDS if self.waiting else None)
+
+    async def _claim(self, lane: Lane, free: int) -> None:
+        """One claim of up to `free` jobs on `lane`, carrying a batch of outcomes unless
+        the lane's claim waits for a NOTIFY or follows a refusal (the buffer writes
+        them meanwhile)."""
+        carries = lane.carries_outcomes
+        self.outcomes.carry(carries)
+        batch = self.outcomes.take() if carries else []
+        if not lane.waits_for_notify:
+            self.jobs_notified.clear()
+        lane.asked = free
+        try:
+            written, jobs = await self._send_claim(lane, free, batch)
+        except DatabaseUnavailable as exc:
+            self.outcomes.restore(batch)
+            await self._after_outage(lane, exc)
+            return
+        except DatabaseError as exc:
+            await self._after_refusal(lane, batch, exc)
+            return
+        except BaseException:
+            self.outcomes.restore(batch)
+            raise
+        finally:
+            lane.asked = 0
+        await self._after_answer(lane, free, batch, written, jobs)
+
+    async def _send_claim(
+        self, lane: Lane, free: int, batch: list[Attempt]
+    ) -> tuple[dict[Key, Status], list[Job]]:
+        if lane.waits_for_notify:
+            return await lane.link.run(self._claim_when_notified, free)
+        s = self.settings
+        return await lane.link.run(
+            claims.write_and_claim,
+            s.worker_id,
+            self.outcomes.to_write(batch),
+            free,
+            s.lease_seconds,
+            self.types,
+        )
+
+    async def _after_outage(self, lane: Lane, exc: DatabaseUnavailable) -> None:
+        """The claim failed in flight: the database may have committed it, and its
+        jobs run under this worker's name with nobody here holding them."""
+        self.outcomes.carry(False)
+        self.ready = False
+        self.recovery = Recovery.LOST
+        if lane.state is LaneState.IDLE:
+            lane.state = LaneState.CLAIMING  # the next claim goes at once, notified or not
+        await self._wait_after(exc, lane.backoff)
+
+    async def _after_refusal(self, lane: Lane, batch: list[Attempt], exc: DatabaseError) -> None:
+        self.outcomes.carry(False)
+        if batch:
+            # Perhaps one outcome the database cannot take: the buffer writes
+            # them one at a time, and this lane claims without them.
+            self.outcomes.refused(batch, exc)
+            return
+        # The claim alone was refused: the worker's role lost a grant, say.
+        # Attempts running go on and the buffer writes their outcomes; claims
+        # wait, not ready, and try again.
+        self.ready = False
+        lane.state = LaneState.REFUSED
+        await self._wait_after(exc, lane.backoff)
+
+    async def _after_answer(
+        self,
+        lane: Lane,
+        free: int,
+        batch: list[Attempt],
+        written: dict[Key, Status],
+        jobs: list[Job],
+    ) -> None:
+        """Hold and start what came back, settle the outcomes it carried."""
+        self.ready = True
+        lane.backoff.reset()
+        for job in jobs:
+            self.waiting.append(self._hold(job))
+        self.start_waiting()
+        if batch:
+            with contextlib.suppress(DatabaseUnavailable):
+                await self.outcomes.settle(lane.link, batch, written)
+        idle = len(jobs) < free
+        lane.state = LaneState.IDLE if idle else LaneState.CLAIMING
+        if not idle:
+            return
+        # The queue is empty: the lead lane's next claim waits for a NOTIFY or the
+        # poll interval, the second lane for an attempt to end.
+        self.outcomes.carry(False)
+        if not lane.lead:
+            await self._park(self.settings.poll_interval_seconds)
+        elif jobs:
+            # The attempts just started take their first step before the next
+            # claim is handed to an I/O thread, whose wake-up would take the
+            # interpreter from them (a tenth of a millisecond of an idle
+            # worker's enqueue-to-start time).
+            await asyncio.sleep(0)
 
     def _claim_when_notified(self, conn: Conn, limit: int) -> tuple[dict[Key, Status], list[Job]]:
         """In the lead lane's I/O thread: wait for a NOTIFY of a job that can run now
@@ -332,7 +424,7 @@ class ClaimLoop:
         which takes about a tenth of the enqueue-to-start time off an idle worker."""
         self.jobs_notified.wait(self.settings.poll_interval_seconds)
         self.jobs_notified.clear()
-        if self._no_more_claims:
+        if self._claims_closed:
             return {}, []
         s = self.settings
         return {}, claims.claim(conn, s.worker_id, limit, s.lease_seconds, self.types)
@@ -353,9 +445,9 @@ class ClaimLoop:
         Claims stop meanwhile, and a claim in flight on the other lane is waited
         for first (an idle one returns at its NOTIFY or its poll interval): once
         answered, its jobs are held, never taken for lost ones."""
-        self._recovering = True
+        self.recovery = Recovery.GIVING_BACK
         try:
-            while self._requested:
+            while self._asked:
                 await asyncio.sleep(0.01)
             running = await link.run(claims.running_of, self.settings.worker_id)
             lost = [
@@ -370,9 +462,10 @@ class ClaimLoop:
                     len(written),
                     ", ".join(str(job_id) for job_id, _ in sorted(written)),
                 )
-            self._claim_lost = False
+            self.recovery = Recovery.NONE
         finally:
-            self._recovering = False
+            if self.recovery is Recovery.GIVING_BACK:  # failed: still to do
+                self.recovery = Recovery.LOST
             self.wake()
 
     async def _give_back_lost_claim_at_stop(self, link: Link) -> None:

@@ -77,14 +77,15 @@ class OutcomeBuffer:
             self._released.set()
 
     def take(self) -> list[Attempt]:
-        """The oldest batch, handed to a writer; `settle` or `give_back` it after."""
+        """The oldest batch, handed to a writer; `settle` or `restore` it after."""
         batch = self.pending[: self.batch_size]
         del self.pending[: len(batch)]
         self._in_flight += len(batch)
         return batch
 
-    def give_back(self, batch: list[Attempt]) -> None:
-        """A batch whose write failed: nothing of it was written; it waits again, first."""
+    def restore(self, batch: list[Attempt]) -> None:
+        """A batch whose write failed: nothing of it was written; it waits again, first.
+        (Outcomes are restored to the buffer; a job is *given back* to the database.)"""
         self._in_flight -= len(batch)
         self.pending[:0] = batch
         if batch:
@@ -144,7 +145,7 @@ class OutcomeBuffer:
             self.refused(batch, exc)
             return
         except BaseException:
-            self.give_back(batch)
+            self.restore(batch)
             raise
         await self.settle(link, batch, written)
 
@@ -192,7 +193,7 @@ class OutcomeBuffer:
             self._in_flight -= len(batch) - len(unwritten)
             done = [a for a in batch if a.key not in again]
             _count(done, [self._account(a, written.get(a.key), False) for a in done])
-            self.give_back(unwritten)
+            self.restore(unwritten)
             raise
         self._in_flight -= len(batch)
         _count(batch, [self._account(a, written.get(a.key), a.key in lost) for a in batch])

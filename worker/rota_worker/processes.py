@@ -197,7 +197,7 @@ class ProcessRunner:
             self._live -= 1
             self._freed.notify()
 
-    async def _give_back(self, child: Child) -> None:
+    async def _return_to_pool(self, child: Child) -> None:
         async with self._freed:
             self._idle.append(child)
             self._freed.notify()
@@ -215,7 +215,7 @@ class ProcessRunner:
             await self._lose_slot()
             child.close()
             raise
-        await self._give_back(child)
+        await self._return_to_pool(child)
         if decided is not None:
             raise Decided(decided)
 
