@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
 	  echo "note: chromium not installed; the browser tests will be skipped"
+	@# Prometheus and promtool test the alerts and the dashboard's queries; Debian's package.
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1; } || \
+	  echo "note: prometheus not installed; the promtool and Prometheus tests will be skipped"
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP) ## create .venv and install Rota with everything the tests need

@@ -41,6 +41,19 @@ VALUE_SETS = {
         "api_versions": ["monitoring.coreos.com/v1/PrometheusRule"],
     },
     "cluster-peering": {"sets": ["operator.peering.enabled=true", "operator.replicas=2"]},
+    "without-operator": {
+        "sets": [
+            *(
+                WITHOUT_OPERATOR := [
+                    "operator.enabled=false",
+                    "exporter.enabled=true",
+                    "worker.enabled=true",
+                    "worker.pool.enabled=false",
+                    "metrics.podMonitor.enabled=true",
+                ]
+            )
+        ]
+    },
 }
 
 
@@ -167,7 +180,7 @@ def test_every_container_is_locked_down(render: Render) -> None:
 
 def test_long_running_containers_have_probes_on_the_metrics_port(render: Render) -> None:
     objects = render(values=[ALL_OPTIONS])
-    probed = {"operator": "/healthz", "worker": "/readyz"}
+    probed = {"operator": "/healthz", "worker": "/readyz", "exporter": "/healthz"}
     for obj in objects:
         component = obj["metadata"]["labels"].get("app.kubernetes.io/component")
         if obj["kind"] != "Deployment" or component not in probed:
@@ -255,3 +268,54 @@ def _pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
         spec: dict[str, Any] = obj["spec"]["template"]["spec"]
         return spec
     return None
+
+
+def _by_component(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o
+        for o in objects
+        if o["kind"] == kind
+    }
+
+
+def test_without_the_operator_an_exporter_serves_the_queue_metrics(render: Render) -> None:
+    objects = render(sets=WITHOUT_OPERATOR)
+    deployments = _by_component(objects, "Deployment")
+    assert "operator" not in deployments
+    assert not [o for o in objects if o["kind"] in {"WorkerPool", "ClusterRole", "Role"}]
+    (exporter,) = _pod_spec(deployments["exporter"])["containers"]
+    assert exporter["command"] == ["rota", "exporter"]
+    assert exporter["args"] == ["--port=9091"]
+    assert "exporter" in _by_component(objects, "Service")
+    (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
+    selected = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert set(selected) == {"operator", "worker", "exporter"}
+    with_operator = render(sets=["worker.enabled=true"])
+    assert "exporter" not in _by_component(with_operator, "Deployment")
+    assert "operator" in _by_component(with_operator, "Deployment")
+
+
+def test_every_pod_of_a_release_is_one_installation_to_prometheus(render: Render) -> None:
+    for kind, monitor in [("ServiceMonitor", "serviceMonitor"), ("PodMonitor", "podMonitor")]:
+        (obj,) = [o for o in render(sets=[f"metrics.{monitor}.enabled=true"]) if o["kind"] == kind]
+        key = "endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"
+        (endpoint,) = obj["spec"][key]
+        assert endpoint["relabelings"] == [{"targetLabel": "job", "replacement": "rota"}]
+
+
+def test_metrics_settings_reach_every_process_that_serves_metrics(render: Render) -> None:
+    sets = ["worker.enabled=true", "exporter.enabled=true", "metrics.durationBuckets={1,10,60}",
+            "metrics.maxTypes=20"]  # fmt: skip
+    for component, deployment in _by_component(render(sets=sets), "Deployment").items():
+        if component in {"operator", "worker", "exporter"}:
+            env = {e["name"]: e.get("value") for e in _pod_spec(deployment)["containers"][0]["env"]}
+            assert env["ROTA_METRICS_DURATION_BUCKETS"] == "1,10,60", component
+            assert env["ROTA_METRICS_MAX_TYPES"] == "20", component
+
+
+def test_a_workerpool_needs_the_operator(helm: Path) -> None:
+    done = run_helm(
+        helm, "template", "rota", str(CHART), "--set", "operator.enabled=false",
+        "--set", "worker.enabled=true",
+    )  # fmt: skip
+    assert done.returncode != 0 and "worker.pool.enabled needs operator.enabled" in done.stderr

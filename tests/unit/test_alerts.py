@@ -19,6 +19,7 @@ EXPECTED = {
     "RotaLeaseExpirationsHigh",
     "RotaScheduleSlotsMissed",
     "RotaWorkersAbsent",
+    "RotaQueueExporterAbsent",
 }
 
 
@@ -60,3 +61,22 @@ def test_rule_has_severity_summary_duration_and_runbook(rule):
     page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
     assert page == RUNBOOKS and anchor == rule["alert"].lower()
     assert anchor in anchors(), f"no runbook section for {rule['alert']}"
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_rule_groups_every_aggregation_by_installation(rule):
+    """No aggregation sums or maxes over two installations: each keeps namespace
+    and job (absent() aside, which says that no installation has a series)."""
+    groupings = re.findall(r"\b(?:sum|max|min|group|count)\s+by\s*\(([^)]*)\)", rule["expr"])
+    assert groupings, rule["expr"]
+    for labels in groupings:
+        assert {"namespace", "job"} <= {label.strip() for label in labels.split(",")}, labels
+    assert not re.search(r"\b(?:sum|max|min|count|group)\s*\(", rule["expr"]), rule["expr"]
+    assert "delta(" not in rule["expr"]  # growth comes from counters
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_summary_prints_numbers_for_people(rule):
+    """{{ $value }} alone prints 26.340753595295375: every value goes through a format."""
+    summary = rule["annotations"]["summary"]
+    assert not re.search(r"\{\{\s*\$value\s*\}\}", summary), summary

@@ -23,7 +23,15 @@ MEASURES = {
     "rota_jobs_finished_total",
     "rota_job_duration_seconds_bucket",
     "rota_workerpool_replicas",
+    "rota_workers",
+    "rota_job_type_paused",
+    "rota_jobs_dead_total",
+    "rota_worker_slots",
+    "rota_worker_running_jobs",
 }
+UNTYPED = {"rota_workers", "rota_worker_slots", "rota_workerpool_replicas",
+           "rota_lease_expirations_total", "rota_dead_jobs"}  # fmt: skip
+"""Metrics without a type label: the panels that read only these are installation-wide."""
 BUILTIN_VARIABLES = {"__rate_interval", "__interval", "__range"}
 
 
@@ -61,6 +69,21 @@ def test_the_panels_the_docs_promise(dashboard):
         "missed",
     ):
         assert words in titles
+
+
+def test_every_query_is_about_one_installation_and_the_chosen_types(dashboard):
+    for title, target in targets(dashboard):
+        expr = target["expr"]
+        if not metric_names(expr):
+            continue
+        for selector in re.findall(r"\b(rota_\w+)\{([^}]*)\}", expr):
+            name, matchers = selector
+            assert 'namespace=~"$namespace"' in matchers and 'job=~"$job"' in matchers, title
+            if name not in UNTYPED:
+                assert 'type=~"$type' in matchers, (title, name)
+        for labels in re.findall(r"\bby\s*\(([^)]*)\)", expr):
+            assert {"namespace", "job"} <= {x.strip() for x in labels.split(",")}, (title, expr)
+        assert not re.search(r"\b(?:sum|max|min|count)\s*\(", expr), (title, expr)
 
 
 def test_queue_age_panel_draws_the_workerpool_target(dashboard):

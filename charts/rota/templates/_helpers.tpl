@@ -88,6 +88,16 @@ app.kubernetes.io/component: {{ .component }}
       key: {{ .Values.database.secretKey }}
 {{- end }}
 
+{{/* The metrics settings of every process that serves Rota's measures (rota.metrics). */}}
+{{- define "rota.metricsEnv" -}}
+{{- with .Values.metrics.durationBuckets }}
+- name: ROTA_METRICS_DURATION_BUCKETS
+  value: {{ join "," . | quote }}
+{{- end }}
+- name: ROTA_METRICS_MAX_TYPES
+  value: {{ .Values.metrics.maxTypes | quote }}
+{{- end }}
+
 {{/* An image reference; call with (dict "root" $ "image" .Values.operator.image). */}}
 {{- define "rota.image" -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
