@@ -45,11 +45,23 @@ fmt: $(STAMP) ## format the code
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-demo: $(STAMP) ## run Rota on an embedded PostgreSQL with sample jobs and schedules (Ctrl-C stops)
-	$(BIN)/rota demo
+# The demo has a virtualenv of its own with only what it runs (the `demo` extra:
+# the core, the console, an embedded PostgreSQL), not the development set.
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+DEMO_ARGS ?=
+
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install --quiet --upgrade pip
+	$(DEMO_VENV)/bin/pip install --quiet -c constraints.txt -e '.[demo]'
+	rm -f $(DEMO_VENV)/.installed-* && touch $@
+
+demo: $(DEMO_STAMP) ## run Rota on an embedded PostgreSQL with sample jobs, schedules and the console (Ctrl-C stops; DEMO_ARGS="--port 8081")
+	$(DEMO_VENV)/bin/rota demo $(DEMO_ARGS)
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: help install test lint fmt demo clean
 

@@ -84,5 +84,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535: {text!r}")
+    return value
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))

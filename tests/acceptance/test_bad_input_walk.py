@@ -50,7 +50,7 @@ BAD_INPUT: dict[str, list[list[str]]] = {
         ["--handlers", "broken_at_import"],
         ["--handlers", "no_such_module"],
     ],
-    "demo": [["--seconds", "soon"]],
+    "demo": [["--seconds", "soon"], ["--port", "70000"]],
     "exporter": [["--port", "70000"], ["--cache", "-1"]],
 }
 

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from rota.cli.common import UsageError, database_url, positive_int
+from rota.cli.common import UsageError, database_url, port_number, positive_int
 
 
 def register(sub: Any) -> None:
@@ -57,6 +57,12 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("demo", help="Rota on an embedded PostgreSQL with sample jobs")
     p.add_argument("--seconds", type=float, help="stop after this long (default: Ctrl-C)")
+    p.add_argument(
+        "--port",
+        type=port_number,
+        help="the console's port on 127.0.0.1 (default 8080, or a free one if it is taken;"
+        " 0: any free one)",
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -104,6 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from rota_worker.demo import run_demo
+    from rota_worker import demo
 
-    return run_demo(seconds=args.seconds)
+    demo.check_can_run(args.port)
+    return demo.run_demo(seconds=args.seconds, port=args.port)
