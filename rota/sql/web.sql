@@ -40,7 +40,8 @@ hits AS (
     LIMIT %(limit)s
 )
 SELECT j.id, j.type, j.status, j.priority, j.attempts, j.max_attempts, j.run_at,
-       j.created_at, j.finished_at, j.idempotency_key, j.locked_by,
+       j.created_at, j.started_at, j.finished_at, j.idempotency_key, j.locked_by,
+       j.locked_until,
        left(j.payload::text, 160) AS payload_text,
        left(split_part(j.last_error, E'\n', 1), 160) AS error_line,
        (SELECT count(*) FROM win) AS scanned,
@@ -190,3 +191,56 @@ WHERE id = %(id)s AND expires_at > coalesce(%(now)s::timestamptz, now())
 
 -- name: web_session_delete
 DELETE FROM rota.web_session WHERE id = %(id)s
+
+-- name: web_selected_ids
+-- The chosen jobs (ticked on a page) of one status an action applies to,
+-- locked for the action that follows in the same transaction.
+SELECT id
+FROM rota.job
+WHERE id = ANY(%(ids)s::bigint[]) AND status = %(one)s::text
+  AND (%(delayed)s::boolean IS NOT TRUE OR run_at > coalesce(%(now)s::timestamptz, now()))
+ORDER BY id
+FOR UPDATE
+
+-- name: web_known_types
+-- The job types the console knows of, for the type filter's suggestions: every
+-- type that ever finished, is paused, is scheduled or is served by a live worker.
+-- Small tables only (never rota.job).
+SELECT type FROM rota.job_done_count
+UNION SELECT type FROM rota.paused_type WHERE type <> '*'
+UNION SELECT job_type FROM rota.schedule
+UNION SELECT unnest(types) FROM rota.worker WHERE expires_at > now()
+ORDER BY 1
+LIMIT 500
+
+-- name: web_schedule_run
+-- A schedule's job now, outside its slots ("run now" in the console): its slot
+-- is the moment it was asked for, and it has no idempotency key, so asking
+-- twice makes two jobs; a Forbid schedule sees it as its latest job.
+WITH made AS (
+    INSERT INTO rota.job (type, payload, max_attempts, priority, timeout_seconds,
+                          schedule_id, slot, run_at, created_at)
+    SELECT job_type, payload, coalesce(max_attempts, %(max_attempts)s), coalesce(priority, 0),
+           timeout_seconds, id, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+    FROM rota.schedule
+    WHERE name = %(name)s
+    RETURNING id
+),
+woken AS (
+    SELECT pg_notify('rota_jobs', '') FROM made LIMIT 1
+)
+SELECT id FROM made LEFT JOIN woken ON true
+
+-- name: web_schedule_recent_jobs
+-- A schedule's latest jobs, newest slot first (its slot index, walked backwards).
+SELECT id, status, slot, attempts, started_at, finished_at,
+       left(split_part(last_error, E'\n', 1), 160) AS error_line
+FROM rota.job
+WHERE schedule_id = %(id)s
+ORDER BY slot DESC
+LIMIT %(limit)s
+
+-- name: web_live_worker_types
+-- The types each live worker lists (an empty list: every type it registers).
+SELECT types FROM rota.worker WHERE expires_at > coalesce(%(now)s::timestamptz, now())

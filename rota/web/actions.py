@@ -21,11 +21,14 @@ from rota import control, schedule_store, sql
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound, RotaError
 from rota.jobs import Status
+from rota.settings import QueueSettings
 from rota.web.auth import Identity
 from rota.web.filters import JobFilter
 
 BULK_CAP = 100_000
 """Most jobs one bulk action changes; a filter that matches more is refused."""
+SELECTION_CAP = 200
+"""Most jobs ticked on a page one action takes (a page shows at most 200)."""
 
 
 class Conflict(RotaError):
@@ -185,6 +188,42 @@ def bulk_apply(
     return Done(f"bulk-{bulk.name}", rows, f"{rows} job(s) {bulk.verb}")
 
 
+def selection_apply(
+    conn: Conn,
+    who: Identity,
+    bulk: Bulk,
+    ids: Sequence[int],
+    priority: int | None = None,
+    now: datetime | None = None,
+) -> Done:
+    """The action on the jobs ticked on a page: those of them in a state it applies
+    to change (the others are left as they are and counted out in the message)."""
+    chosen = sorted(set(ids))
+    if not chosen:
+        raise InvalidInput("tick at least one job")
+    if len(chosen) > SELECTION_CAP:
+        raise InvalidInput(f"at most {SELECTION_CAP} ticked jobs at once, not {len(chosen)}")
+    if bulk.name == "priority" and priority is None:
+        raise InvalidInput("give the new priority (0 runs first, 9 last)")
+    params = {"ids": chosen, "delayed": bulk.delayed, "now": now}
+    with conn.transaction():
+        found = [
+            r["id"]
+            for s in bulk.statuses
+            for r in fetch_all(conn, sql.query("web_selected_ids"), {**params, "one": s})
+        ]
+        rows = _bulk_change(conn, bulk, found, priority, now) if found else 0
+        target: dict[str, Any] = {"ids": chosen, "statuses": [*bulk.statuses]}
+        if priority is not None:
+            target["priority"] = priority
+        _audit(conn, who, f"selected-{bulk.name}", target, rows, now)
+    skipped = len(chosen) - rows
+    unmoved = f"; {skipped} not {', '.join(bulk.statuses)}, left as they are" if skipped else ""
+    return Done(
+        f"selected-{bulk.name}", rows, f"{rows} of {len(chosen)} job(s) {bulk.verb}{unmoved}"
+    )
+
+
 def _bulk_change(
     conn: Conn, bulk: Bulk, ids: list[int], priority: int | None, now: datetime | None
 ) -> int:
@@ -231,6 +270,19 @@ def resume_types(
         lifted = control.resume(conn, types)
         _audit(conn, who, "resume", {"types": list(types) if types else "*"}, len(lifted), now)
     return Done("resume", len(lifted), f"resumed {', '.join(types) if types else 'everything'}")
+
+
+def run_schedule(conn: Conn, who: Identity, name: str, now: datetime | None = None) -> Done:
+    """The schedule's job now, outside its slots (suspended schedules too: a person
+    asked for it), audited like every action."""
+    params = {"name": name, "now": now, "max_attempts": QueueSettings().default_max_attempts}
+    with conn.transaction():
+        made = fetch_all(conn, sql.query("web_schedule_run"), params)
+        if not made:
+            raise JobNotFound(f"no schedule named {name!r}")
+        job_id = made[0]["id"]
+        _audit(conn, who, "run-schedule", {"schedule": name, "ids": [job_id]}, 1, now)
+    return Done("run-schedule", 1, f"schedule {name}: job {job_id} enqueued now")
 
 
 def suspend_schedule(

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 from psycopg.rows import dict_row
@@ -84,6 +85,9 @@ class Console:
         self.templates.filters["instant"] = _instant
         self.templates.filters["utc"] = lambda v: _instant(v.astimezone(UTC)) if v else "-"
         self.templates.filters["span"] = reads.span
+        self.templates.filters["ago"] = ago
+        self.templates.filters["iso"] = lambda v: v.isoformat() if v else ""
+        self.templates.filters["in_zone"] = in_zone
         self.templates.globals["statuses"] = [s.value for s in Status]
         self._stop = threading.Event()
 
@@ -221,6 +225,32 @@ def safe_next(target: str | None) -> str | None:
 def here_of(request: Request) -> str:
     params = request.query_params.multi_items()
     return request.url.path + ("?" + urlencode(params) if params else "")
+
+
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    """A time relative to now, as people say it: "3 min ago", "in 2 h", "just now"."""
+    if value is None:
+        return "-"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    size = abs(seconds)
+    if size < 10:
+        return "just now"
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if size >= length:
+            amount = f"{size / length:.0f} {unit}"
+            break
+    return f"{amount} ago" if seconds > 0 else f"in {amount}"
+
+
+def in_zone(value: datetime | None, zone_name: str) -> str:
+    """An instant in a named zone, with the zone's abbreviation: 2030-03-14 02:30 CET."""
+    if value is None:
+        return "-"
+    try:
+        local = value.astimezone(ZoneInfo(zone_name))
+    except (ValueError, KeyError, ZoneInfoNotFoundError):
+        local = value.astimezone(UTC)
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def _instant(value: datetime | None) -> str:

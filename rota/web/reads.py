@@ -10,6 +10,8 @@ import dataclasses
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
 
 from rota import archive, cron, schedule_store, sql, workers
 from rota.db import Conn, fetch_all
@@ -27,6 +29,42 @@ class Overview:
     throughput: Series
     queue_age: Series
     workers: int
+    worker_types: tuple[tuple[str, ...], ...] = ()
+    """The types each live worker lists (empty: every type it registers)."""
+
+    def served_by(self, job_type: str) -> int:
+        """Live workers that list this type."""
+        return sum(1 for types in self.worker_types if job_type in types)
+
+    @property
+    def any_type_workers(self) -> int:
+        """Live workers that list no types: they take every type they registered
+        a handler for, which the database cannot tell."""
+        return sum(1 for types in self.worker_types if not types)
+
+    @property
+    def warnings(self) -> list[tuple[str, str]]:
+        """What an operator should look at first: (text, link)."""
+        found = []
+        for name, m in self.status.types.items():
+            paused = self.all_paused or name in self.paused
+            if m.due and not paused and not self.served_by(name) and not self.any_type_workers:
+                found.append((
+                    f"{m.due} due {name} job(s) and no live worker serves {name}",
+                    f"/jobs?status=ready&type={quote(name)}",
+                ))  # fmt: skip
+        if self.all_paused:
+            found.append(("every type is paused", "/types"))
+        elif self.paused:
+            found.append((f"paused: {', '.join(sorted(self.paused))}", "/types"))
+        expired = self.status.lease_expirations.current_hour
+        if expired:
+            found.append(
+                (f"{expired} lease(s) expired this hour (workers died or stalled)", "/workers")
+            )
+        if self.missed_slots:
+            found.append((f"{self.missed_slots} missed schedule slot(s)", "/schedules"))
+        return found
 
     @property
     def all_paused(self) -> bool:
@@ -54,12 +92,17 @@ def overview(conn: Conn, now: datetime | None = None) -> Overview:
         for p, s in itertools.pairwise(samples)
     ]
     ages = [(s["minute"], float(s["oldest_ready_age_seconds"])) for s in samples]
+    worker_types = tuple(
+        tuple(r["types"] or ())
+        for r in fetch_all(conn, sql.query("web_live_worker_types"), {"now": now})
+    )
     return Overview(
         status=status,
         paused=paused,
         throughput=series("jobs finished per minute", moved),
         queue_age=series("oldest ready job, seconds", ages),
         workers=status.workers,
+        worker_types=worker_types,
     )
 
 
@@ -104,6 +147,12 @@ class JobDetail:
     archived: bool
     effects: list[dict[str, Any]]
     schedule: dict[str, Any] | None
+    errors: list[dict[str, Any]] | None = None
+    """Every attempt's error, oldest first ({attempt, at, error}); None when the
+    database has no errors column (before migration 0009)."""
+    result: Any = None
+    has_results: bool = False
+    """The database keeps results (migration 0009): `result` is the job's value."""
 
 
 def job_detail(conn: Conn, job_id: int) -> JobDetail:
@@ -114,13 +163,32 @@ def job_detail(conn: Conn, job_id: int) -> JobDetail:
         archived = True
     if not rows:
         raise JobNotFound(f"no job with id {job_id}")
-    job = Job.from_row(rows[0])
+    row = rows[0]
+    job = Job.from_row(row)
     effects = fetch_all(conn, sql.query("web_job_effects"), {"key": job.effect_key})
     schedule = None
     if job.schedule_id is not None:
         found = fetch_all(conn, sql.query("web_schedule_by_id"), {"id": job.schedule_id})
         schedule = found[0] if found else None
-    return JobDetail(job, archived, effects, schedule)
+    errors = [_attempt_error(e) for e in row.get("errors") or [] if isinstance(e, dict)]
+    return JobDetail(
+        job, archived, effects, schedule, errors if "errors" in row else None,
+        row.get("result"), "result" in row,
+    )  # fmt: skip
+
+
+def _attempt_error(entry: dict[str, Any]) -> dict[str, Any]:
+    """One of `rota.job.errors`, its time read as an instant (None when unreadable)."""
+    try:
+        at = datetime.fromisoformat(str(entry.get("at")))
+    except ValueError:
+        at = None
+    return {"attempt": entry.get("attempt"), "at": at, "error": str(entry.get("error") or "")}
+
+
+def known_types(conn: Conn) -> list[str]:
+    """Job types to offer in the type filter (from small tables only)."""
+    return [r["type"] for r in fetch_all(conn, sql.query("web_known_types"))]
 
 
 def dead_groups(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
@@ -151,11 +219,29 @@ class ScheduleView:
     error: str = ""
     archive: archive.ArchiveSettings | None = None
     """The archiver's settings, read from its payload (the built-in rota/archive schedule)."""
+    recent: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Its latest jobs, newest slot first."""
+
+    @property
+    def zone(self) -> ZoneInfo | None:
+        try:
+            return cron.zone(self.row["timezone"])
+        except InvalidInput:
+            return None
+
+
+RECENT_JOBS = 5
 
 
 def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
     tick = now or datetime.now(UTC)
-    return [_schedule_view(row, tick) for row in schedule_store.list_all(conn)]
+    views = []
+    for row in schedule_store.list_all(conn):
+        recent = fetch_all(
+            conn, sql.query("web_schedule_recent_jobs"), {"id": row["id"], "limit": RECENT_JOBS}
+        )
+        views.append(dataclasses.replace(_schedule_view(row, tick), recent=recent))
+    return views
 
 
 def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:

@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -52,13 +53,14 @@ def build_routes(c: Console) -> list[Route | Mount]:
         limit = filters.parse_page_size(q.get("limit"))
         with c.conn() as conn:
             page = reads.job_page(conn, found, before, limit)
+            known = reads.known_types(conn)
         bulk = [
             name for name, b in actions.BULK_ACTIONS.items()
             if found.status is None or found.status in b.statuses
         ]  # fmt: skip
         return c.render(
             request, "jobs.html", who, f=found, page=page, limit=limit, bulk=bulk,
-            scan_rows=filters.SCAN_ROWS, nav="jobs",
+            scan_rows=filters.SCAN_ROWS, known_types=known, nav="jobs",
         )  # fmt: skip
 
     def job(request: Request) -> Response:
@@ -190,17 +192,36 @@ def build_routes(c: Console) -> list[Route | Mount]:
 
     async def bulk_apply(request: Request) -> Response:
         who, form = await c.actor(request)
-        bulk = actions.bulk_action(form_field(form, "action"))
+        bulk, priority = _bulk_of(form)
         found = filters.parse_filter({k: v for k, v in form.items() if isinstance(v, str)})
-        priority = (
-            filters.parse_priority(form_field(form, "priority"))
-            if bulk.name == "priority"
-            else None
-        )
 
         def work() -> actions.Done:
             with c.conn() as conn:
                 return actions.bulk_apply(conn, who, bulk, found, priority)
+
+        return c.acted(request, form, await _threaded(work))
+
+    async def selected_apply(request: Request) -> Response:
+        """An action on the jobs ticked on a page (`id` once per job)."""
+        who, form = await c.actor(request)
+        bulk, priority = _bulk_of(form)
+        ids = [filters.parse_id(v, "id") for v in form.getlist("id") if isinstance(v, str)]
+
+        def work() -> actions.Done:
+            with c.conn() as conn:
+                return actions.selection_apply(
+                    conn, who, bulk, [i for i in ids if i is not None], priority
+                )
+
+        return c.acted(request, form, await _threaded(work))
+
+    async def schedule_run(request: Request) -> Response:
+        who, form = await c.actor(request)
+        name = filters.clean(request.path_params["name"], "schedule name")
+
+        def work() -> actions.Done:
+            with c.conn() as conn:
+                return actions.run_schedule(conn, who, name)
 
         return c.acted(request, form, await _threaded(work))
 
@@ -254,6 +275,7 @@ def build_routes(c: Console) -> list[Route | Mount]:
         Route("/jobs", jobs),
         Route("/jobs/bulk", bulk_confirm),
         Route("/jobs/bulk", bulk_apply, methods=["POST"]),
+        Route("/jobs/selected", selected_apply, methods=["POST"]),
         Route("/jobs/{job_id}", job),
         Route("/jobs/{job_id}/retry", job_action(actions.retry_job), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", job_action(actions.cancel_job), methods=["POST"]),
@@ -268,6 +290,7 @@ def build_routes(c: Console) -> list[Route | Mount]:
         Route("/schedules", schedules),
         Route("/schedules/suspend", schedule_action(True), methods=["POST"]),
         Route("/schedules/resume", schedule_action(False), methods=["POST"]),
+        Route("/schedules/{name:path}/run", schedule_run, methods=["POST"]),
         Route("/types", types),
         Route("/types/pause", types_action(True), methods=["POST"]),
         Route("/types/resume", types_action(False), methods=["POST"]),
@@ -279,6 +302,14 @@ def build_routes(c: Console) -> list[Route | Mount]:
         Route("/healthz", healthz),
         Mount("/static", app=static, name="static"),
     ]
+
+
+def _bulk_of(form: FormData) -> tuple[actions.Bulk, int | None]:
+    """A bulk action's name and, for a priority change, the new priority."""
+    bulk = actions.bulk_action(form_field(form, "action"))
+    if bulk.name != "priority":
+        return bulk, None
+    return bulk, filters.parse_priority(form_field(form, "priority"))
 
 
 async def _threaded(work: Callable[[], actions.Done]) -> actions.Done:

@@ -1,0 +1,179 @@
+"""Acting precisely and seeing at a glance: ticked jobs, running jobs' workers and
+leases, every attempt's error and the result, a schedule run now and its recent
+jobs, live lists, known types, the overview's warnings."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from psycopg.types.json import Jsonb
+
+from rota import schedule_store, workers
+from rota.web import AuthSettings
+from tests.web.conftest import BEARER, HTML, add_job, audit_rows, make_client
+
+JSON = {**BEARER, "Accept": "application/json"}
+PAGE = {**BEARER, **HTML}
+
+
+def statuses(conn, ids):
+    rows = conn.execute("SELECT id, status FROM rota.job WHERE id = ANY(%s)", [ids]).fetchall()
+    return {r["id"]: r["status"] for r in rows}
+
+
+def test_an_action_on_ticked_jobs_changes_those_it_applies_to_and_is_audited(client, conn):
+    dead = [add_job(conn, "email", "dead") for _ in range(2)]
+    done = add_job(conn, "email", "done")
+    other = add_job(conn, "email", "dead")  # not ticked
+    response = client.post(
+        "/jobs/selected", data={"action": "retry", "id": [*map(str, dead), str(done)]}, headers=JSON
+    )
+    assert response.status_code == 200, response.text
+    assert (
+        response.json()["message"]
+        == "2 of 3 job(s) retried; 1 not dead, failed, cancelled, left as they are"
+    )
+    assert statuses(conn, [*dead, done, other]) == {
+        dead[0]: "ready",
+        dead[1]: "ready",
+        done: "done",
+        other: "dead",
+    }
+    [row] = audit_rows(conn)
+    assert row["action"] == "selected-retry" and row["target"]["ids"] == sorted([*dead, done])
+    assert row["rows"] == 2
+
+
+def test_ticked_jobs_page_carries_boxes_and_both_kinds_of_action(client, conn):
+    job_id = add_job(conn, "email", "dead")
+    page = client.get("/jobs", headers=PAGE).text
+    assert f'name="id" value="{job_id}" form="selection"' in page
+    assert 'action="/jobs/selected"' in page and "On everything this filter matches" in page
+    assert "data-tick-all" in page
+
+
+def test_bad_selections_are_400_and_write_nothing(client, conn):
+    job_id = add_job(conn, "email", "dead")
+    for data in (
+        {"action": "retry"},
+        {"action": "retry", "id": "x"},
+        {"action": "explode", "id": str(job_id)},
+        {"action": "retry", "id": [str(i) for i in range(1, 300)]},
+        {"action": "priority", "id": str(job_id)},
+    ):
+        assert client.post("/jobs/selected", data=data, headers=JSON).status_code == 400, data
+    assert audit_rows(conn) == []
+
+
+def test_running_jobs_show_their_worker_elapsed_time_and_lease_left(client, conn):
+    now = datetime.now(UTC)
+    job_id = add_job(
+        conn, "report", "running", locked_by="worker-a1", attempts=1,
+        started_at=now - timedelta(minutes=3), locked_until=now + timedelta(seconds=40),
+    )  # fmt: skip
+    for path in ("/jobs?status=running", f"/jobs/{job_id}"):
+        text = re.sub(r"\s+", " ", client.get(path, headers=PAGE).text)
+        assert re.search(r"worker-a1 · ran 3m0\ds · lease [34]\ds left", text), path
+    expired = add_job(
+        conn, "report", "running", locked_by="worker-b", started_at=now,
+        locked_until=now - timedelta(seconds=5),
+    )  # fmt: skip
+    assert "expired" in client.get(f"/jobs/{expired}", headers=PAGE).text
+
+
+def test_a_jobs_page_shows_every_attempts_error_and_its_result(client, conn):
+    errors = [
+        {"attempt": 1, "at": "2030-03-14T15:00:00+00:00", "error": "TimeoutError: first\n  File a"},
+        {"attempt": 2, "at": "2030-03-14T15:01:00+00:00", "error": "ValueError: second"},
+    ]
+    failed = add_job(conn, "email", "dead", errors=Jsonb(errors), last_error="ValueError: second")
+    page = client.get(f"/jobs/{failed}", headers=PAGE).text
+    assert "TimeoutError: first" in page and "ValueError: second" in page
+    assert page.index("ValueError: second", page.index('id="attempt-errors"')) < page.index(
+        "TimeoutError: first", page.index('id="attempt-errors"')
+    )  # newest first
+    done = add_job(conn, "email", "done", result=Jsonb({"sent": 3}))
+    page = client.get(f"/jobs/{done}", headers=PAGE).text
+    assert 'id="result"' in page and '"sent": 3' in page
+
+
+def test_run_a_schedule_now_is_audited_and_shown_among_its_recent_jobs(client, conn):
+    spec = schedule_store.ScheduleSpec(
+        "nightly", "report", "30 2 * * *", "America/New_York", payload={"kind": "daily"}
+    )
+    schedule_store.upsert(conn, spec)
+    response = client.post("/schedules/nightly/run", headers=JSON)
+    assert response.status_code == 200, response.text
+    job = conn.execute("SELECT * FROM rota.job").fetchone()
+    assert (job["type"], job["payload"], job["status"]) == ("report", {"kind": "daily"}, "ready")
+    assert job["schedule_id"] == schedule_store.get(conn, "nightly")["id"]
+    [row] = audit_rows(conn)
+    assert (row["action"], row["target"]) == (
+        "run-schedule",
+        {"schedule": "nightly", "ids": [job["id"]]},
+    )
+    page = client.get("/schedules", headers=PAGE).text
+    assert f'href="/jobs/{job["id"]}"' in page
+    assert 'action="/schedules/nightly/run"' in page
+    assert " EST" in page or " EDT" in page  # the schedule's own zone
+    assert client.post("/schedules/nope/run", headers=JSON).status_code == 404
+
+
+def test_a_viewer_cannot_run_a_schedule(db_url, conn):
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("s", "report", "* * * * *"))
+    with make_client(db_url, auth=AuthSettings()) as c:
+        assert c.post("/schedules/s/run").status_code == 403
+    assert conn.execute("SELECT count(*) AS n FROM rota.job").fetchone()["n"] == 0
+
+
+def test_every_list_refreshes_itself(client, conn):
+    for path in ("/", "/jobs", "/dead", "/schedules", "/types", "/workers", "/audit"):
+        page = client.get(path, headers=PAGE).text
+        assert re.search(r'hx-trigger="every 5s"[^>]*data-live', page), path
+    assert 'id="live-toggle"' in page
+
+
+def test_the_type_filter_offers_the_known_types(client, conn):
+    add_job(conn, "email", "done")
+    conn.execute("INSERT INTO rota.paused_type (type) VALUES ('sms')")
+    workers.register(conn, workers.WorkerInfo("w1", concurrency=1, types=("invoice",)))
+    page = client.get("/jobs", headers=PAGE).text
+    datalist = page[page.index('<datalist id="known-types">') :].split("</datalist>")[0]
+    offered = re.findall(r'option value="([^"]+)"', datalist)
+    assert offered == ["email", "invoice", "rota.archive", "sms"]  # rota.archive: its schedule
+
+
+def test_a_type_with_no_worker_is_not_called_claimed(client, conn):
+    add_job(conn, "email", "ready")
+    page = client.get("/types", headers=PAGE).text
+    row = page[page.index('data-type="email"') :].split("</tr>")[0]
+    assert "no live worker" in row and "claimed" not in row
+    workers.register(conn, workers.WorkerInfo("w1", concurrency=1, types=("email",)))
+    row = client.get("/types", headers=PAGE).text.split('data-type="email"')[1].split("</tr>")[0]
+    assert "claimed by workers" in row and "1 listing it" in row
+
+
+def test_the_overview_warns_of_what_needs_a_person(client, conn):
+    add_job(conn, "email", "ready")
+    add_job(conn, "email", "failed")
+    conn.execute("INSERT INTO rota.paused_type (type) VALUES ('sms')")
+    conn.execute(
+        "INSERT INTO rota.lease_expiration (hour, count) VALUES (date_trunc('hour', now()), 2)"
+    )
+    page = client.get("/", headers=PAGE).text
+    strip = page[page.index('id="warnings"') :].split("</ul>")[0]
+    assert "1 due email job(s) and no live worker serves email" in strip
+    assert "paused: sms" in strip
+    assert "2 lease(s) expired this hour" in strip
+    assert re.search(r'class="count bad" href="/jobs\?status=failed&amp;type=email">1<', page)
+    conn.execute("DELETE FROM rota.paused_type")
+    conn.execute("DELETE FROM rota.lease_expiration")
+    workers.register(conn, workers.WorkerInfo("w1", concurrency=1, types=("email",)))
+    assert "Nothing needs you" in client.get("/", headers=PAGE).text
+
+
+def test_times_are_relative_with_the_absolute_time_on_hover(client, conn):
+    job_id = add_job(conn, "email", "dead", finished_at=datetime.now(UTC) - timedelta(minutes=3))
+    page = client.get(f"/jobs/{job_id}", headers=PAGE).text
+    assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">3 min ago</time>', page)
