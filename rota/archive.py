@@ -110,6 +110,13 @@ class ArchiveResult:
     def count(self) -> int:
         return self.done + self.failed
 
+    def __str__(self) -> str:
+        """The log line: what the run did, in words."""
+        return (
+            f"archived {self.done} done and {self.failed} failed/dead jobs;"
+            f" deleted {self.deleted} archived jobs" + ("; more waiting" if self.capped else "")
+        )
+
 
 class Archiver(Service):
     name = "archiver"
@@ -163,9 +170,4 @@ def archive_job(job: Job, ctx: Context) -> None:
     except InvalidInput as exc:  # from_payload checks every value's type too
         raise Permanent(f"bad archive settings: {exc}") from None
     result = Archiver(settings).run_once(ctx.dsn)
-    log.info(
-        "archived %d done and %d failed/dead jobs; deleted %d archived jobs",
-        result.done,
-        result.failed,
-        result.deleted,
-    )
+    log.info("%s", result)

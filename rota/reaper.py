@@ -61,6 +61,14 @@ class ReapResult:
     def count(self) -> int:
         return len(self.requeued) + len(self.dead) + len(self.cancelled)
 
+    def __str__(self) -> str:
+        """The log line: what the pass did, in words."""
+        return (
+            f"{self.count} expired lease(s): {len(self.requeued)} job(s) ready again,"
+            f" {len(self.dead)} dead, {len(self.cancelled)} cancelled"
+            + ("; more waiting" if self.capped else "")
+        )
+
 
 class Reaper(Service):
     name = "reaper"

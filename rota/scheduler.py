@@ -63,6 +63,14 @@ class SchedulerResult:
         """Slots acted on (enqueued, missed or skipped): worth a log line when above 0."""
         return self.enqueued + self.missed + self.skipped
 
+    def __str__(self) -> str:
+        """The log line: what the tick did, in words."""
+        return (
+            f"{self.schedules} due schedule(s): {self.enqueued} job(s) enqueued,"
+            f" {self.missed} slot(s) missed, {self.skipped} skipped"
+            + ("; more due" if self.capped else "")
+        )
+
     def __add__(self, other: SchedulerResult) -> SchedulerResult:
         return SchedulerResult(
             self.schedules + other.schedules,

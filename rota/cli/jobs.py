@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+from datetime import datetime
 from typing import Any
 
 from rota import control, lookup
@@ -22,6 +25,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_jobs_list)
     p = jobs.add_parser("show", help="one job's whole row")
     p.add_argument("id", type=_job_id)
+    p.add_argument("--json", action="store_true", help="the row as one JSON object")
     p.set_defaults(func=cmd_jobs_show)
     p = jobs.add_parser("cancel", help="cancel jobs: ready ones at once, running ones asked")
     p.add_argument("ids", nargs="*", type=_job_id, metavar="ID")
@@ -67,11 +71,7 @@ def _table(jobs: list[Job]) -> None:
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if hasattr(value, "isoformat"):
-        return str(value.isoformat(timespec="seconds"))
-    text = str(value).splitlines()[0] if str(value) else ""
+    text = _value(value).splitlines()[0] if value not in (None, "") else _value(value)
     return text[:60]
 
 
@@ -93,8 +93,55 @@ _SHOWN_BESIDE = ("group_key", "result", "errors")
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     row = lookup.job_row(database_url(), args.id)
-    print_json(Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE})
+    shown = Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE}
+    if args.json:
+        print_json(shown)
+    else:
+        print(_described(shown), end="")
     return 0
+
+
+_BLOCKS = ("payload", "result", "last_error")
+"""Columns shown under their name when they take more than a line: a line of text each."""
+
+
+def _described(row: dict[str, Any]) -> str:
+    """A job for people: one `name  value` line per column (times as `jobs list` shows
+    them), then a long payload or result and the errors (tracebacks) as lines."""
+    plain = {k: v for k, v in row.items() if k not in (*_BLOCKS, "errors", "max_attempts")}
+    plain["attempts"] = f"{row['attempts']} of {row['max_attempts']}"
+    blocks: dict[str, str] = {}
+    for name in ("payload", "result"):
+        text = json.dumps(row.get(name), default=str)
+        if len(text) <= 80:
+            plain[name] = text if row.get(name) is not None else None
+        else:
+            blocks[name] = json.dumps(row[name], indent=2, default=str)
+    width = max(len(name) for name in plain)
+    lines = [f"{name.ljust(width)}  {_value(value)}" for name, value in plain.items()]
+    for name, text in blocks.items():
+        lines += [f"{name}:", *(f"  {line}" for line in text.splitlines())]
+    earlier = [e for e in row.get("errors") or [] if e.get("error") != row.get("last_error")]
+    for error in earlier:
+        lines.append(f"error of attempt {error.get('attempt')} ({_value(error.get('at'))}):")
+        lines += [f"  {line}" for line in str(error.get("error") or "").splitlines()]
+    if row.get("last_error"):
+        lines += ["last_error:", *(f"  {line}" for line in row["last_error"].splitlines())]
+    return "\n".join(lines) + "\n"
+
+
+def _value(value: Any) -> str:
+    """One column's value on one line, times to the second as `jobs list` shows them."""
+    if value is None:
+        return "-"
+    if isinstance(value, str) and value[:4].isdigit() and "T" in value:
+        with contextlib.suppress(ValueError):
+            value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return str(value)
 
 
 def cmd_jobs_cancel(args: argparse.Namespace) -> int:

@@ -78,7 +78,7 @@ def test_jobs_list_show_and_dead_retry(db_url: str, conn: psycopg.Connection[Any
     assert [j["id"] for j in json.loads(listed.stdout)] == [2, 1]
     table = rota(db_url, "dead", "list")
     assert "ValueError: x" in table.stdout and table.stdout.startswith("ID")
-    shown = json.loads(rota(db_url, "jobs", "show", "3").stdout)
+    shown = json.loads(rota(db_url, "jobs", "show", "3", "--json").stdout)
     assert (shown["status"], shown["type"]) == ("ready", "report")
     assert rota(db_url, "jobs", "show", "99").returncode == 2
     retried = rota(db_url, "dead", "retry", "1", "3")
@@ -96,3 +96,19 @@ def test_commands_against_an_unreachable_database_exit_1(db_url: str) -> None:
     result = rota("postgresql://nobody@127.0.0.1:1/nothing", "enqueue", "t")
     assert result.returncode == 1
     assert "cannot reach the database of ROTA_DATABASE_URL" in result.stderr
+
+
+def test_jobs_show_prints_the_traceback_as_lines_and_times_as_jobs_list(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    rota(db_url, "enqueue", "report", "--payload", '{"month": "2026-11"}')
+    error = 'ValueError: bad month\n  File "app.py", line 3, in build\n    raise ValueError'
+    conn.execute("UPDATE rota.job SET status = 'dead', last_error = %s WHERE id = 1", (error,))
+    shown = rota(db_url, "jobs", "show", "1")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[lines.index("last_error:") + 1 :] == [f"  {line}" for line in error.splitlines()]
+    listed = rota(db_url, "jobs", "list").stdout.splitlines()
+    run_at = listed[1].split()[5]  # the RUN_AT column of `jobs list`
+    assert any(line.split() == ["run_at", run_at] for line in lines), (run_at, shown.stdout)
+    assert any(line.split(None, 1) == ["payload", '{"month": "2026-11"}'] for line in lines)

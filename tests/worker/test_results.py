@@ -190,7 +190,7 @@ def test_rota_jobs_show_prints_the_result_and_the_errors(conn, db_url) -> None:
     claims.write_outcomes(
         conn, "w", [Attempt(job_id, 2, Outcome.DONE, result='{"id":"abc"}')], now=T0
     )
-    shown = json.loads(rota_cli(db_url, "jobs", "show", str(job_id)).stdout)
+    shown = json.loads(rota_cli(db_url, "jobs", "show", str(job_id), "--json").stdout)
     assert shown["result"] == {"id": "abc"}
     assert [(e["attempt"], e["error"]) for e in shown["errors"]] == [(1, "ValueError: first")]
     assert shown["status"] == "done" and shown["group_key"] == "tenant-1"
