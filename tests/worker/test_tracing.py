@@ -29,19 +29,29 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
 
-_EXPORTER = InMemorySpanExporter()
+
+def _set_global_provider(provider: TracerProvider | None) -> None:
+    # OpenTelemetry sets its global provider once per process; its own tests reset
+    # these two globals between tests the same way (opentelemetry.test.globals_test).
+    trace._TRACER_PROVIDER_SET_ONCE = trace.Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    if provider is not None:
+        trace.set_tracer_provider(provider)
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    """The spans finished during the test (one tracer provider for the process)."""
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    """The spans finished during the test; no tracer provider before or after it (the
+    other tests' jobs carry no trace context)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _set_global_provider(provider)
+    try:
+        yield exporter
+    finally:
+        _set_global_provider(None)
+        provider.shutdown()
 
 
 def _welcome(job: Job) -> dict[str, Any]:
