@@ -142,6 +142,7 @@ def record_sample(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> bool:
     with connection(conn_or_dsn) as conn:
         written = bool(fetch_all(conn, sql.query("queue_sample_record"), {"now": now}))
         if written:
+            fetch_all(conn, sql.query("queue_sample_type_record"), {"now": now})
             fetch_all(conn, sql.query("queue_sample_prune"), {"now": now})
     return written
 

@@ -244,3 +244,27 @@ LIMIT %(limit)s
 -- name: web_live_worker_types
 -- The types each live worker lists (an empty list: every type it registers).
 SELECT types FROM rota.worker WHERE expires_at > coalesce(%(now)s::timestamptz, now())
+
+-- name: web_chart_samples
+-- The queue's samples over a range, one row per `bucket` (its last totals,
+-- its worst age), with the bucket before the range so that the first
+-- bucket's throughput can be told.
+SELECT date_bin(%(bucket)s::interval, minute, timestamptz '2000-01-01') AS at,
+       max(done_total + ended_total) AS finished_total,
+       max(oldest_ready_age_seconds) AS oldest_ready_age_seconds,
+       max(ready_due) AS ready_due,
+       max(running) AS running
+FROM rota.queue_sample
+WHERE minute >= coalesce(%(now)s::timestamptz, now()) - %(span)s::interval - %(bucket)s::interval
+GROUP BY 1
+ORDER BY 1
+
+-- name: web_chart_type_samples
+-- The same per job type (rota.queue_sample_type).
+SELECT date_bin(%(bucket)s::interval, minute, timestamptz '2000-01-01') AS at,
+       type,
+       max(done_total + ended_total) AS finished_total
+FROM rota.queue_sample_type
+WHERE minute >= coalesce(%(now)s::timestamptz, now()) - %(span)s::interval - %(bucket)s::interval
+GROUP BY 1, 2
+ORDER BY 1, 2

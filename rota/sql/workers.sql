@@ -106,8 +106,44 @@ ON CONFLICT (minute) DO NOTHING
 RETURNING minute
 
 -- name: queue_sample_prune
+-- Eight days of samples: the console's charts show up to seven.
+WITH per_type AS (
+    DELETE FROM rota.queue_sample_type
+    WHERE minute < coalesce(%(now)s::timestamptz, now()) - interval '8 days'
+)
 DELETE FROM rota.queue_sample
-WHERE minute < coalesce(%(now)s::timestamptz, now()) - interval '1 day'
+WHERE minute < coalesce(%(now)s::timestamptz, now()) - interval '8 days'
+
+-- name: queue_sample_type_record
+-- This minute's sample per job type (after queue_sample_record wrote the
+-- minute's queue sample): the same counters and partial indexes, by type.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           date_trunc('minute', coalesce(%(now)s::timestamptz, now())) AS minute
+),
+done AS (SELECT type, sum(count) AS n FROM rota.job_done_count GROUP BY type),
+ended AS (
+    SELECT type, count(*) AS n FROM rota.job
+    WHERE status IN ('failed', 'dead', 'cancelled') GROUP BY type
+),
+due AS (
+    SELECT type, count(*) AS n FROM rota.job, clock AS c
+    WHERE status = 'ready' AND run_at <= c.now GROUP BY type
+),
+running AS (SELECT type, count(*) AS n FROM rota.job WHERE status = 'running' GROUP BY type),
+types AS (
+    SELECT type FROM done UNION SELECT type FROM ended
+    UNION SELECT type FROM due UNION SELECT type FROM running
+)
+INSERT INTO rota.queue_sample_type (minute, type, done_total, ended_total, ready_due, running)
+SELECT c.minute, t.type, coalesce(d.n, 0), coalesce(e.n, 0), coalesce(u.n, 0), coalesce(r.n, 0)
+FROM clock AS c
+CROSS JOIN types AS t
+LEFT JOIN done AS d ON d.type = t.type
+LEFT JOIN ended AS e ON e.type = t.type
+LEFT JOIN due AS u ON u.type = t.type
+LEFT JOIN running AS r ON r.type = t.type
+ON CONFLICT (minute, type) DO NOTHING
 
 -- name: queue_samples
 -- The samples of the last `minutes` minutes, oldest first, with the one before

@@ -1,43 +1,156 @@
-"""Small line charts drawn on the server: points in, SVG coordinates out.
+"""Line charts drawn on the server: samples in, SVG geometry out.
 
-The console's charts need no JavaScript: a series of (minute, value) pairs is
-scaled into a fixed box and the template draws it as one SVG polyline. Pure.
+The console's charts need no JavaScript (and so nothing the Content-Security-
+Policy would have to allow): lines of (instant, value) points are scaled into a
+fixed box with a y-axis of round numbers, gridlines, time labels on the x-axis,
+and one hover column per point whose tooltip (an SVG <title>) lists every
+line's value there. The template only draws what this module computes. Pure.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from datetime import datetime
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 
-WIDTH = 600
-HEIGHT = 140
+WIDTH = 640
+HEIGHT = 200
+LEFT = 48
+"""Room for the y-axis labels."""
+BOTTOM = 22
+"""Room for the x-axis labels."""
+TOP = 8
+RIGHT = 10
+MAX_LINES = 6
+"""The total and at most five job types; the rest are left out of the breakdown."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Series:
+class Range:
+    name: str
+    span: timedelta
+    bucket: timedelta
+    """One point per bucket (the samples are a minute apart)."""
+    tick: timedelta
+    """A labelled time every tick."""
+    label: str
+    """strftime format of the time labels."""
+
+
+RANGES = {
+    "1h": Range("1h", timedelta(hours=1), timedelta(minutes=1), timedelta(minutes=10), "%H:%M"),
+    "24h": Range("24h", timedelta(hours=24), timedelta(minutes=10), timedelta(hours=4), "%H:%M"),
+    "7d": Range("7d", timedelta(days=7), timedelta(hours=1), timedelta(days=1), "%a %d"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    name: str
+    points: str
+    """"x,y x,y ..." in the WIDTH x HEIGHT box, y growing downwards."""
+    css: str
+    """s1 (the total) .. s6: its colour in the style sheet."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hover:
+    x: float
+    width: float
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Chart:
     title: str
-    points: tuple[tuple[datetime, float], ...]
-    polyline: str
-    """"x,y x,y ..." in a WIDTH x HEIGHT box, y growing downwards."""
-    peak: float
+    range: Range
+    lines: tuple[Line, ...]
+    y_ticks: tuple[tuple[float, str], ...]
+    """(y, label) of each horizontal gridline."""
+    x_ticks: tuple[tuple[float, str], ...]
+    """(x, label) of each vertical gridline."""
+    hovers: tuple[Hover, ...]
     latest: float | None
+    peak: float
 
     @property
     def empty(self) -> bool:
-        return len(self.points) < 2
+        return not self.lines
+
+    width = WIDTH
+    height = HEIGHT
+    left = LEFT
+    right = WIDTH - RIGHT
+    top = TOP
+    bottom = HEIGHT - BOTTOM
 
 
-def series(title: str, points: Sequence[tuple[datetime, float]]) -> Series:
-    ordered = tuple(sorted(points))
-    peak = max((v for _, v in ordered), default=0.0)
-    if len(ordered) < 2:
-        return Series(title, ordered, "", peak, ordered[-1][1] if ordered else None)
-    first, last = ordered[0][0], ordered[-1][0]
-    span = (last - first).total_seconds() or 1.0
-    top = peak or 1.0
-    coords = " ".join(
-        f"{(t - first).total_seconds() / span * WIDTH:.1f},{HEIGHT - v / top * (HEIGHT - 10):.1f}"
-        for t, v in ordered
+def axis_top(peak: float) -> float:
+    """The top of a y-axis of four equal steps of 1, 2, 2.5 or 5 x 10^k that holds peak."""
+    if peak <= 0:
+        return 4.0
+    quarter = peak / 4
+    power = 10 ** math.floor(math.log10(quarter))
+    step = next(s * power for s in (1, 2, 2.5, 5, 10) if s * power >= quarter)
+    return float(4 * step)
+
+
+def _number(value: float) -> str:
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k"
+    if value >= 1000:
+        return f"{value / 1000:.1f}k".replace(".0k", "k")
+    return f"{value:.0f}" if value == int(value) or value >= 10 else f"{value:g}"
+
+
+def chart(
+    title: str,
+    lines: Mapping[str, Sequence[tuple[datetime, float]]],
+    end: datetime,
+    span: Range,
+) -> Chart:
+    """The chart of `lines` (the first is the total, drawn first) over the range
+    ending at `end`; a line with fewer than two points is left out."""
+    kept = {name: sorted(points) for name, points in lines.items() if len(points) >= 2}
+    if not kept:
+        return Chart(title, span, (), (), (), (), None, 0.0)
+    start = end - span.span
+    total = next(iter(kept.values()))
+    peak = max(v for points in kept.values() for _, v in points)
+    top = axis_top(peak)
+    plot_w = WIDTH - LEFT - RIGHT
+    plot_h = HEIGHT - TOP - BOTTOM
+    seconds = span.span.total_seconds()
+
+    def x(t: datetime) -> float:
+        return LEFT + max(0.0, min(1.0, (t - start).total_seconds() / seconds)) * plot_w
+
+    def y(v: float) -> float:
+        return TOP + plot_h - v / top * plot_h
+
+    drawn = tuple(
+        Line(name, " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points), f"s{i + 1}")
+        for i, (name, points) in enumerate(kept.items())
     )
-    return Series(title, ordered, coords, peak, ordered[-1][1])
+    y_ticks = tuple((y(top * k / 4), _number(top * k / 4)) for k in range(5))
+    tick = span.tick.total_seconds()
+    first = math.ceil(start.timestamp() / tick) * tick
+    x_ticks = []
+    moment = first
+    while moment <= end.timestamp():
+        at = datetime.fromtimestamp(moment, tz=end.tzinfo)
+        x_ticks.append((x(at), at.strftime(span.label)))
+        moment += tick
+    values = {name: dict(points) for name, points in kept.items()}
+    step = span.bucket.total_seconds() / seconds * plot_w
+    hovers = tuple(
+        Hover(
+            x(t) - step / 2,
+            step,
+            f"{t.strftime('%a %H:%M')} UTC: "
+            + ", ".join(f"{name} {_number(values[name][t])}" for name in kept if t in values[name]),
+        )
+        for t, _ in total
+    )
+    return Chart(title, span, drawn, y_ticks, tuple(x_ticks), hovers, total[-1][1], peak)

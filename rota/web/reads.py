@@ -18,7 +18,7 @@ from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound
 from rota.jobs import Job, Status
 from rota.status import QueueStatus, read_status
-from rota.web.charts import Series, series
+from rota.web import charts
 from rota.web.filters import SCAN_ROWS, JobFilter
 
 
@@ -26,8 +26,8 @@ from rota.web.filters import SCAN_ROWS, JobFilter
 class Overview:
     status: QueueStatus
     paused: frozenset[str]
-    throughput: Series
-    queue_age: Series
+    throughput: charts.Chart
+    queue_age: charts.Chart
     workers: int
     worker_types: tuple[tuple[str, ...], ...] = ()
     """The types each live worker lists (empty: every type it registers)."""
@@ -80,18 +80,42 @@ class Overview:
         return sum(s.missed_slots for s in self.status.schedules)
 
 
-def overview(conn: Conn, now: datetime | None = None) -> Overview:
+def _rates(rows: list[dict[str, Any]]) -> list[tuple[datetime, float]]:
+    """Jobs finished per minute in each bucket, from the finished totals of it and
+    the sampled bucket before (archiving lowers a total: never below zero)."""
+    return [
+        (
+            s["at"],
+            max(0.0, float(s["finished_total"] - p["finished_total"]))
+            / max(1.0, (s["at"] - p["at"]).total_seconds() / 60),
+        )
+        for p, s in itertools.pairwise(rows)
+    ]
+
+
+def _throughput(
+    conn: Conn, totals: list[dict[str, Any]], span: charts.Range, params: dict[str, Any]
+) -> dict[str, list[tuple[datetime, float]]]:
+    """The total throughput line, then the busiest types' lines."""
+    lines = {"all types": _rates(totals)}
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for row in fetch_all(conn, sql.query("web_chart_type_samples"), params):
+        by_type.setdefault(row["type"], []).append(row)
+    rates = {name: _rates(rows) for name, rows in by_type.items()}
+    busiest = sorted(rates, key=lambda name: -sum(v for _, v in rates[name]))
+    for name in busiest[: charts.MAX_LINES - 1]:
+        lines[name] = rates[name]
+    return lines
+
+
+def overview(conn: Conn, now: datetime | None = None, span: str = "1h") -> Overview:
     status = read_status(conn, now=now)
     paused = frozenset(r["type"] for r in fetch_all(conn, sql.query("web_paused_types")))
-    samples = fetch_all(conn, sql.query("queue_samples"), {"now": now, "minutes": 60})
-    moved = [
-        (
-            s["minute"],
-            float(max(0, s["done_total"] + s["ended_total"] - p["done_total"] - p["ended_total"])),
-        )
-        for p, s in itertools.pairwise(samples)
-    ]
-    ages = [(s["minute"], float(s["oldest_ready_age_seconds"])) for s in samples]
+    chosen = charts.RANGES[span]
+    params = {"now": now, "span": chosen.span, "bucket": chosen.bucket}
+    samples = fetch_all(conn, sql.query("web_chart_samples"), params)
+    ages = [(s["at"], float(s["oldest_ready_age_seconds"])) for s in samples]
+    end = status.now
     worker_types = tuple(
         tuple(r["types"] or ())
         for r in fetch_all(conn, sql.query("web_live_worker_types"), {"now": now})
@@ -99,8 +123,12 @@ def overview(conn: Conn, now: datetime | None = None) -> Overview:
     return Overview(
         status=status,
         paused=paused,
-        throughput=series("jobs finished per minute", moved),
-        queue_age=series("oldest ready job, seconds", ages),
+        throughput=charts.chart(
+            "Jobs finished per minute", _throughput(conn, samples, chosen, params), end, chosen
+        ),
+        queue_age=charts.chart(
+            "Oldest ready job's age, seconds", {"oldest ready": ages[1:]}, end, chosen
+        ),
         workers=status.workers,
         worker_types=worker_types,
     )

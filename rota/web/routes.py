@@ -22,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 from rota import sql
 from rota.db import fetch_all
 from rota.errors import InvalidInput
-from rota.web import actions, auth, filters, reads
+from rota.web import actions, auth, charts, filters, reads
 from rota.web.console import (
     JOBS_PARAMS,
     Console,
@@ -38,11 +38,16 @@ from rota.web.console import (
 def build_routes(c: Console) -> list[Route | Mount]:
     def overview(request: Request) -> Response:
         who = c.viewer(request)
-        check_params(request, set())
+        check_params(request, {"range"})
+        span = request.query_params.get("range") or "1h"
+        if span not in charts.RANGES:
+            raise InvalidInput(
+                f"range must be one of {', '.join(charts.RANGES)}, not {span[:20]!r}"
+            )
         with c.conn() as conn:
-            data = reads.overview(conn)
+            data = reads.overview(conn, span=span)
         name = "overview_live.html" if request.headers.get("hx-request") else "overview.html"
-        return c.render(request, name, who, o=data, nav="overview")
+        return c.render(request, name, who, o=data, span=span, ranges=charts.RANGES, nav="overview")
 
     def jobs(request: Request) -> Response:
         who = c.viewer(request)

@@ -4,7 +4,7 @@ reads rota.job sequentially (checked with EXPLAIN, as the metrics tests do)."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -125,8 +125,17 @@ def test_no_console_query_reads_the_job_table_sequentially(million):
         ("web_schedule_recent_jobs", {"id": 1, "limit": 5}),
         ("web_live_worker_types", {"now": NOW}),
         ("web_session_alive", {"id": "x", "now": NOW}),
+        ("queue_sample_type_record", {"now": NOW}),
+        (
+            "web_chart_samples",
+            {"now": NOW, "span": timedelta(days=7), "bucket": timedelta(hours=1)},
+        ),
+        (
+            "web_chart_type_samples",
+            {"now": NOW, "span": timedelta(hours=1), "bucket": timedelta(minutes=1)},
+        ),
     ]
     for name, params in singles:
         assert not seq_scans_job(name, params), name
         checked.append(name)
-    assert len(set(checked)) == 27
+    assert len(set(checked)) == 30
