@@ -134,6 +134,9 @@ class TypeLabels:
         for job_type in job_types:
             self(job_type)
 
+    def given(self) -> list[str]:
+        return list(self._given.values())
+
     def __call__(self, job_type: str) -> str:
         label = self._given.get(job_type)
         if label is None:
@@ -195,7 +198,7 @@ class RunCounter:
             self._stalls += 1
 
     def declare(self, job_types: Iterable[str]) -> None:
-        """Serve the counters of these types from 0, before their first job ends.
+        """Serve the counters and histograms of these types from 0, before their first job ends.
 
         A counter series that appears with its first increment hides that
         increment from ``increase()``; declared types start at 0 instead, and
@@ -205,6 +208,10 @@ class RunCounter:
                 label = self._labels(job_type)
                 for outcome in Outcome:
                     self._finished.setdefault((label, str(outcome)), 0)
+                if label not in self._durations:
+                    self._durations[label] = _Buckets(self.settings.duration_buckets)
+                if label not in self._attempts:
+                    self._attempts[label] = _Buckets(ATTEMPT_BUCKETS)
 
     def record(self, runs: Iterable[tuple[str, Outcome, float, int]]) -> None:
         """Count a batch of handler runs, each (type, outcome, duration seconds, attempts)."""
@@ -230,6 +237,11 @@ class RunCounter:
                     if tried is None:
                         tried = attempts[label] = _Buckets(ATTEMPT_BUCKETS)
                     tried.add(ATTEMPT_BUCKETS, tries)
+
+    def labels(self) -> list[str]:
+        """The ``type`` labels given so far (declared types first)."""
+        with self._lock:
+            return sorted(set(self._labels.given()))
 
     def label(self, job_type: str) -> str:
         """The ``type`` label this counter gives `job_type`."""
@@ -319,9 +331,11 @@ class WorkerCollector:
         )
         slots.add_metric([], self.slots)
         mine = GaugeMetricFamily(
-            "rota_worker_running_jobs", "Jobs this worker runs now, by type.", labels=["type"]
+            "rota_worker_running_jobs",
+            "Jobs this worker runs now, by type (0 for each type it handles and runs none of).",
+            labels=["type"],
         )
-        counts: dict[str, int] = {}
+        counts = dict.fromkeys(self._runs.labels(), 0)  # every type it handles, from 0
         for job_type in running:
             label = self._runs.label(job_type)
             counts[label] = counts.get(label, 0) + 1
@@ -416,7 +430,7 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
         if "*" in status.paused:
             paused.add_metric(["*"], 1)
         dead.add_metric([], status.dead_jobs)
-        totals: dict[str, int] = {}
+        totals = {label(job_type): 0 for job_type in status.types}  # from 0, not from the first
         for job_type, total in reading.dead_totals.items():
             totals[label(job_type)] = totals.get(label(job_type), 0) + total
         for job_type, total in sorted(totals.items()):

@@ -296,11 +296,13 @@ def test_one_exporter_per_database_serves_the_queue_and_another_takes_over(conn,
 
 def test_deaths_are_a_counter_that_dead_retry_and_archiving_do_not_lower(conn, db_url):
     add_job(conn, "email", "ready")
+    collector = QueueCollector(db_url, cache_seconds=0)
+    email = frozenset({("type", "email")})
+    assert queue_samples(collector)[("rota_jobs_dead_total", email)] == 0  # from 0, not from 1
+    collector.close_connection()
     add_job(conn, "email", "dead")  # inserted dead
     conn.execute("UPDATE rota.job SET status = 'dead' WHERE status = 'ready'")
-    collector = QueueCollector(db_url, cache_seconds=0)
     try:
-        email = frozenset({("type", "email")})
         assert queue_samples(collector)[("rota_jobs_dead_total", email)] == 2
         conn.execute("UPDATE rota.job SET status = 'ready' WHERE status = 'dead'")  # dead retry
         conn.execute("UPDATE rota.job SET status = 'ready' WHERE status = 'ready'")  # not again

@@ -100,7 +100,7 @@ def test_types_beyond_the_bound_fold_into_other() -> None:
     assert 'type="c"' not in text and 'type="d"' not in text
     running = WorkerCollector(4, lambda: ["a", "c", "d"], counter)
     samples = {tuple(s.labels.values()): s.value for m in running.collect() for s in m.samples}
-    assert samples == {(): 4, ("a",): 1, ("other",): 2}
+    assert samples == {(): 4, ("a",): 1, ("b",): 0, ("other",): 2}
 
 
 def test_declared_types_start_at_zero() -> None:
@@ -109,6 +109,8 @@ def test_declared_types_start_at_zero() -> None:
     text = served(counter)
     for outcome in Outcome:
         assert f'rota_jobs_finished_total{{outcome="{outcome}",type="email"}} 0.0' in text
+    assert 'rota_job_duration_seconds_count{type="email"} 0.0' in text
+    assert 'rota_job_attempts_bucket{le="+Inf",type="email"} 0.0' in text
 
 
 def test_duration_buckets_and_the_type_bound_come_from_the_environment() -> None:
