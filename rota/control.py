@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from rota import sql
+from rota import limits, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput
 from rota.jobs import Status
@@ -24,6 +25,11 @@ ALL_TYPES = "*"
 
 RETRYABLE = (Status.DEAD, Status.FAILED, Status.CANCELLED)
 """Statuses `retry` brings back to ready."""
+
+BATCH_SIZE = 1000
+"""Rows changed per statement by the levers that take every matching job
+(`retry --all`, `cancel --type`): each batch is one short transaction on a
+connection Rota opens, so no lock is held on more rows than this."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +57,30 @@ def retry(
     for status in statuses:
         if status not in RETRYABLE:
             raise InvalidInput(f"only {', '.join(RETRYABLE)} jobs can be retried, not {status}")
-    params = {"ids": list(ids), "all": all_matching, "statuses": list(statuses), "now": now}
+    if all_matching:
+        with connection(conn_or_dsn) as conn:
+            return sorted(
+                id_
+                for status in statuses
+                for id_ in _batches(
+                    conn, "retry_jobs", {"statuses": [status], "ids": None, "now": now}
+                )
+            )
+    params = {"ids": limits.job_ids(ids), "statuses": list(statuses), "limit": None, "now": now}
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("retry_jobs"), params)
     return [row["id"] for row in rows]
+
+
+def _batches(conn: Conn, query: str, params: dict[str, Any]) -> list[int]:
+    """Run a capped batch statement until one changes fewer than BATCH_SIZE rows
+    (the changed rows leave what the statement matches); the ids changed."""
+    changed: list[int] = []
+    while True:
+        rows = fetch_all(conn, sql.query(query), {**params, "limit": BATCH_SIZE})
+        changed += [r["id"] for r in rows]
+        if len(rows) < BATCH_SIZE:
+            return changed
 
 
 def retry_dead(
@@ -71,7 +97,7 @@ def retry_dead(
 def cancel(conn_or_dsn: ConnOrDsn, ids: Sequence[int], now: datetime | None = None) -> CancelResult:
     """Cancel jobs by id. An id that names no job is refused before anything is
     written; jobs that already ended are left alone (and not in the result)."""
-    wanted = sorted(set(ids))
+    wanted = sorted(set(limits.job_ids(ids)))
     if not wanted:
         raise InvalidInput("give at least one job id to cancel")
     with connection(conn_or_dsn) as conn, conn.transaction():
@@ -79,7 +105,7 @@ def cancel(conn_or_dsn: ConnOrDsn, ids: Sequence[int], now: datetime | None = No
         unknown = [i for i in wanted if i not in found]
         if unknown:
             raise InvalidInput(f"no job with id {', '.join(map(str, unknown))}")
-        return _cancel(conn, ids=wanted, job_type=None, status=None, now=now)
+        return _cancel(conn, wanted, now)
 
 
 def cancel_matching(
@@ -89,22 +115,32 @@ def cancel_matching(
     now: datetime | None = None,
 ) -> CancelResult:
     """Cancel every ready and running job of `job_type` (or only those of `status`)."""
-    if not job_type:
-        raise InvalidInput("give the job type whose jobs to cancel")
+    limits.name(job_type, "job type")
     if status is not None and status not in (Status.READY, Status.RUNNING):
         raise InvalidInput(f"only ready or running jobs can be cancelled, not {status}")
+    params = {"type": job_type, "now": now}
+    ended: list[int] = []
+    requested: list[int] = []
     with connection(conn_or_dsn) as conn:
-        return _cancel(conn, ids=None, job_type=job_type, status=status, now=now)
+        if status in (None, Status.READY):
+            ended = _batches(conn, "cancel_ready_of_type", params)
+        if status in (None, Status.RUNNING):
+            after = 0
+            while True:
+                query = sql.query("cancel_running_of_type")
+                batch = [
+                    r["id"]
+                    for r in fetch_all(conn, query, {**params, "after": after, "limit": BATCH_SIZE})
+                ]
+                requested += batch
+                if len(batch) < BATCH_SIZE:
+                    break
+                after = max(batch)
+    return CancelResult(ended=sorted(ended), requested=sorted(requested))
 
 
-def _cancel(
-    conn: Conn,
-    ids: list[int] | None,
-    job_type: str | None,
-    status: Status | None,
-    now: datetime | None,
-) -> CancelResult:
-    params = {"ids": ids, "type": job_type, "status": status, "now": now}
+def _cancel(conn: Conn, ids: list[int], now: datetime | None) -> CancelResult:
+    params = {"ids": ids, "type": None, "status": None, "now": now}
     rows = fetch_all(conn, sql.query("cancel_jobs"), params)
     return CancelResult(
         ended=[r["id"] for r in rows if r["ended"]],
@@ -115,11 +151,11 @@ def _cancel(
 def _types(types: Sequence[str] | None) -> list[str] | None:
     if types is None:
         return None
-    checked = [t.strip() for t in types]
+    checked = [t.strip() for t in limits.names(types, "job types")]
     if not checked:
         raise InvalidInput("give job types, or all of them")
     for t in checked:
-        if not t or t == ALL_TYPES:
+        if t == ALL_TYPES:
             raise InvalidInput(f"not a job type: {t!r} (to mean every type, say all)")
     return checked
 

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from rota import limits
 from rota.errors import InvalidInput
 
 MACROS = {
@@ -183,9 +184,7 @@ def _which_field(fields: list[str], exc: Exception) -> str:
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone of that name; raise `InvalidInput` for an unknown one."""
     try:
-        if not isinstance(name, str) or not name or name != name.strip():
-            raise ValueError(name)
-        return ZoneInfo(name)
+        return ZoneInfo(limits.zone_name(name))
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidInput(
             f"unknown time zone {name!r}: use an IANA name like Europe/Berlin"
@@ -281,5 +280,10 @@ def preview(
 ) -> list[datetime]:
     """The next `count` slots after `start` (default: now), in the schedule's time zone."""
     schedule = Schedule(expr, timezone)
-    after = start or datetime.now(UTC)
-    return [slot.astimezone(schedule.zone) for slot in schedule.slots(after, count)]
+    after = datetime.now(UTC) if start is None else limits.instant(start, "start")
+    try:
+        return [slot.astimezone(schedule.zone) for slot in schedule.slots(after, count)]
+    except OverflowError:
+        raise InvalidInput(
+            f"{count} slots after {after.isoformat()} run past the year 9999"
+        ) from None

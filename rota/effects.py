@@ -20,13 +20,14 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from rota import sql
+from rota import limits, sql
 from rota.db import Conn, fetch_all
 from rota.jobs import Job
 
 
 def record_effect(conn: Conn, job: Job, effect: str, result: Any = None) -> bool:
     """Record that `effect` of `job` happened; False if it was recorded before."""
+    limits.name(effect, "effect")
     rows = fetch_all(
         conn,
         sql.query("record_effect"),

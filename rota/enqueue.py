@@ -60,7 +60,7 @@ def enqueue_many(
     now: datetime | None = None,
 ) -> list[int]:
     """Enqueue a batch in one statement; ids in input order."""
-    if not jobs:
+    if not _jobs(jobs):
         return []
     statement, params = _statement(jobs, settings, now)
     with tracing.producer(jobs) as sent, connection(conn_or_dsn) as conn:
@@ -104,7 +104,7 @@ async def enqueue_many_async(
     now: datetime | None = None,
 ) -> list[int]:
     """`enqueue_many` for asyncio: one statement, ids in input order."""
-    if not jobs:
+    if not _jobs(jobs):
         return []
     statement, params = _statement(jobs, settings, now)
     with tracing.producer(jobs) as sent:
@@ -118,6 +118,13 @@ async def enqueue_many_async(
         if sent is not None:
             sent.sent(_known(ids))
     return _known(ids)
+
+
+def _jobs(jobs: Any) -> bool:
+    """Whether there are jobs to enqueue; InvalidInput when `jobs` is not a list of them."""
+    if isinstance(jobs, str | bytes) or not isinstance(jobs, Sequence):
+        raise InvalidInput("enqueue_many takes a list of NewJob values")
+    return bool(jobs)
 
 
 def _statement(
@@ -213,28 +220,24 @@ def _priority(job: NewJob, handlers: dict[str, Any]) -> int:
 
 def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
     """Validate one job before anything is written; return its payload for the driver."""
-    if not isinstance(job.type, str) or not job.type.strip():
-        raise InvalidInput("job type must be a non-empty string")
-    limits.text(job.type, "job type")
+    if not isinstance(job, NewJob):
+        raise InvalidInput(f"enqueue_many takes NewJob values, not {type(job).__name__}")
+    limits.name(job.type, "job type")
     if job.run_at is not None and job.delay is not None:
         raise InvalidInput("give run_at or delay, not both")
-    if job.run_at is not None and job.run_at.tzinfo is None:
-        raise InvalidInput("run_at must carry a time zone (naive datetimes are ambiguous)")
+    if job.run_at is not None:
+        limits.instant(job.run_at, "run_at")
     if job.delay is not None:
         limits.delay_seconds(job.delay)
-    if job.max_attempts is not None and job.max_attempts < 1:
-        raise InvalidInput(f"max_attempts must be at least 1: {job.max_attempts}")
+    if job.max_attempts is not None:
+        limits.whole(job.max_attempts, "max_attempts")
     if job.priority is not None:
         limits.priority(job.priority)
     if job.timeout is not None:
         limits.timeout_seconds(job.timeout)
     if job.key is not None:
-        if not job.key:
-            raise InvalidInput("an idempotency key must not be empty")
-        limits.text(job.key, "an idempotency key")
+        limits.name(job.key, "an idempotency key")
     if job.group is not None:
-        if not isinstance(job.group, str) or not job.group:
-            raise InvalidInput("a group must be a non-empty string")
-        limits.text(job.group, "a group")
+        limits.name(job.group, "a group")
     encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
     return Jsonb(job.payload, dumps=lambda _: encoded)

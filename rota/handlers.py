@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rota import limits
@@ -57,8 +57,7 @@ def handler(
     `timeout`: seconds an attempt may run unless its job says otherwise;
     `priority`: the default priority of jobs of this type (0 first, 9 last).
     """
-    if not job_type or not job_type.strip():
-        raise InvalidInput("a job type must not be empty")
+    limits.name(job_type, "job type")
     if timeout is not None:
         limits.timeout_seconds(timeout)
     if priority is not None:
@@ -86,3 +85,15 @@ def handler(
 def registered() -> dict[str, Handler]:
     """Every handler registered so far, by job type."""
     return dict(_registry)
+
+
+def check_served(types: Sequence[str]) -> None:
+    """Refuse job types that no registered handler serves: a worker told to claim
+    them would fail every such job for good (a typo in --types or --handlers)."""
+    missing = [t for t in limits.names(types, "job types") if t not in _registry]
+    if missing:
+        served = ", ".join(sorted(_registry)) or "none"
+        raise InvalidInput(
+            f"no loaded handler serves job type(s) {', '.join(map(repr, missing))}"
+            f" (check --types and --handlers; handlers loaded: {served})"
+        )

@@ -1,19 +1,53 @@
-"""The checks of every number and payload a user gives Rota, each in one place.
+"""The checks of every value a user gives Rota, each in one place.
 
-The CLI, the operator, the Python API and the settings dataclasses all call
-these, so a lease, a delay or a payload is accepted or refused the same way
-wherever it comes from. Each raises `InvalidInput` with a one-line reason and
-returns the value as Rota stores it.
+The CLI, the operator, the console, the Python API and the settings
+dataclasses all call these, so a lease, a time, a job type or a payload is
+accepted or refused the same way wherever it comes from. Each raises
+`InvalidInput` with a one-line reason before anything is written, and returns
+the value as Rota stores it. The limits are the ones docs/limits.md lists:
+what PostgreSQL's columns and indexes and Python's types can all hold.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import zoneinfo
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from rota.errors import MAX_DELAY_SECONDS, InvalidInput
+
+SMALLINT_MAX = 2**15 - 1
+INTEGER_MAX = 2**31 - 1
+"""Largest value of an int4 column (max_attempts, spread and deadline seconds, concurrency)."""
+BIGINT_MAX = 2**63 - 1
+"""Largest value of an int8 column: job ids."""
+
+MAX_SECONDS = MAX_DELAY_SECONDS
+"""Longest span of seconds accepted anywhere (a lease, a timeout, a delay, an
+interval): ten years, which PostgreSQL's intervals and Python's datetimes hold."""
+
+MIN_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_INSTANT = datetime(9999, 12, 30, tzinfo=UTC)
+"""Times accepted (run_at, --from): PostgreSQL holds far more, but a time read
+back into Python in any session time zone must stay within datetime's years
+1 to 9999; a day's margin at the top covers every UTC offset."""
+
+MAX_NAME_BYTES = 1024
+"""Longest job type, idempotency key, effect name, schedule name or group, in
+UTF-8 bytes. A btree index entry must fit in a third of a page (2,704 bytes);
+the largest index over names holds two of them (the effect marker's key and
+effect)."""
+
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of arrays and objects in a payload: Python's JSON reader
+recurses once per level and would fail reading a much deeper one back."""
+
+_RESERVED_ZONES = frozenset({"localtime", "posixrules", "Factory"})
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 """Largest JSON payload accepted by default, in bytes. Jobs carry references,
@@ -32,28 +66,33 @@ def _number(value: Any, what: str) -> float:
     return float(value)
 
 
-def lease_seconds(value: Any, what: str = "lease") -> float:
+def _seconds(value: Any, what: str) -> float:
     seconds = _number(value, what)
+    if seconds > MAX_SECONDS:
+        raise InvalidInput(
+            f"{what} must be at most {MAX_SECONDS:.0f} seconds (ten years), not {value!r}"
+        )
+    return seconds
+
+
+def lease_seconds(value: Any, what: str = "lease") -> float:
+    seconds = _seconds(value, what)
     if seconds < MIN_LEASE_SECONDS:
         raise InvalidInput(f"{what} must be at least {MIN_LEASE_SECONDS:g} second, not {value!r}")
     return seconds
 
 
 def interval_seconds(value: Any, what: str = "interval") -> float:
-    seconds = _number(value, what)
+    seconds = _seconds(value, what)
     if seconds <= 0:
         raise InvalidInput(f"{what} must be more than 0 seconds, not {value!r}")
     return seconds
 
 
 def delay_seconds(value: Any, what: str = "delay") -> float:
-    seconds = _number(value, what)
+    seconds = _seconds(value, what)
     if seconds < 0:
         raise InvalidInput(f"{what} must not be negative: {value!r}")
-    if seconds > MAX_DELAY_SECONDS:
-        raise InvalidInput(
-            f"{what} must be at most {MAX_DELAY_SECONDS:.0f} seconds (ten years), not {value!r}"
-        )
     return seconds
 
 
@@ -67,11 +106,114 @@ def priority(value: Any, what: str = "priority") -> int:
     return value
 
 
-def text(value: str, what: str) -> str:
-    """A string PostgreSQL can store: refused when it holds a NUL character."""
+def whole(value: Any, what: str, minimum: int = 1, maximum: int = INTEGER_MAX) -> int:
+    """A whole number in [minimum, maximum] (by default an int4 column's positive range)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInput(
+            f"{what} must be a whole number of at least {minimum}, not {_short(value)}"
+        )
+    if value > maximum:
+        raise InvalidInput(f"{what} must be at most {maximum}, not {_short(value)}")
+    return value
+
+
+def job_id(value: Any, what: str = "job id") -> int:
+    return whole(value, what, 1, BIGINT_MAX)
+
+
+def job_ids(values: Any, what: str = "job ids") -> list[int]:
+    return [job_id(v, f"{what[:-1]}") for v in _sequence(values, what)]
+
+
+def text(value: Any, what: str) -> str:
+    """A string PostgreSQL can store: valid UTF-8 (no lone surrogates, which a
+    command line makes of undecodable bytes) and no NUL character."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, not {_short(value)}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid UTF-8: {_short(value)}") from None
     if "\x00" in value:
         raise InvalidInput(f"{what} must not contain a NUL character (PostgreSQL cannot store it)")
     return value
+
+
+def name(value: Any, what: str) -> str:
+    """A job type, key, effect, group or schedule name: non-blank text of at most
+    MAX_NAME_BYTES bytes, so that every index over it can hold it."""
+    text(value, what)
+    if not value.strip():
+        raise InvalidInput(f"{what} must not be empty")
+    size = len(value.encode())
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"{what} is {size} bytes long, over the limit of {MAX_NAME_BYTES}")
+    return str(value)
+
+
+def names(values: Any, what: str) -> list[str]:
+    """A sequence of names, never a bare string (which would be its characters)."""
+    return [name(v, what[:-1] if what.endswith("s") else what) for v in _sequence(values, what)]
+
+
+def _sequence(values: Any, what: str) -> list[Any]:
+    if isinstance(values, str | bytes | bytearray | dict) or not isinstance(values, Iterable):
+        raise InvalidInput(f"{what} must be a list, not {_short(values)}")
+    return list(values)
+
+
+def instant(value: Any, what: str) -> datetime:
+    """An aware datetime from MIN_INSTANT to MAX_INSTANT."""
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{what} must be a datetime, not {_short(value)}")
+    try:
+        offset = value.utcoffset()
+        utc = value.astimezone(UTC) if offset is not None else None
+    except (ValueError, OverflowError, TypeError):
+        raise InvalidInput(f"{what} {value!r} lies outside the years 1970 to 9999") from None
+    if utc is None:
+        raise InvalidInput(f"{what} must carry a time zone (naive datetimes are ambiguous)")
+    if not MIN_INSTANT <= utc <= MAX_INSTANT:
+        raise InvalidInput(
+            f"{what} must be from {MIN_INSTANT:%Y-%m-%d} to {MAX_INSTANT:%Y-%m-%d} UTC,"
+            f" not {value.isoformat()}"
+        )
+    return value
+
+
+def parse_instant(value: str, what: str) -> datetime:
+    """An ISO-8601 instant (UTC when it has no offset) within the accepted range."""
+    text(value, what)
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(
+            f"{what} is not an ISO-8601 time like 2030-03-14T15:30: {value!r}"
+        ) from None
+    return instant(parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC), what)
+
+
+def zone_name(value: Any) -> str:
+    """An IANA time zone name (Europe/Berlin, UTC); never a path or a local alias."""
+    if not isinstance(value, str) or value not in _iana_zones():
+        raise InvalidInput(
+            f"unknown time zone {_short(value)}: use an IANA name like Europe/Berlin"
+        )
+    return value
+
+
+@functools.cache
+def _iana_zones() -> frozenset[str]:
+    return frozenset(
+        z
+        for z in zoneinfo.available_timezones()
+        if z not in _RESERVED_ZONES and not z.startswith(("posix/", "right/"))
+    )
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
 
 
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -80,19 +222,21 @@ odd number, its backslash ends an escaped backslash: the text \\\\u0000)."""
 
 
 def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
-    """The payload as compact JSON ({} for None), refused when too large or when
-    it holds a NUL character (jsonb cannot store one)."""
+    """The payload as compact JSON ({} for None), refused when too large, nested
+    deeper than MAX_JSON_DEPTH, or when it holds a NUL character or a lone
+    surrogate (jsonb stores neither)."""
     return _encode_json({} if payload is None else payload, max_bytes, "payload")
 
 
 def encode_result(value: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """A handler's return value as compact JSON, under the payloads' limits: refused
-    (an error of the attempt that returned it) when it is not JSON, too large, or
-    holds a NUL character."""
+    (an error of the attempt that returned it) when it is not JSON, too large, too
+    deeply nested, or holds a NUL character or a lone surrogate."""
     return _encode_json(value, max_bytes, "the handler's return value")
 
 
 def _encode_json(value: Any, max_bytes: int, what: str) -> str:
+    _check_tree(value, max_bytes, what)
     try:
         encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -103,3 +247,30 @@ def _encode_json(value: Any, max_bytes: int, what: str) -> str:
     if size > max_bytes:
         raise InvalidInput(f"{what} is {size} bytes, over the limit of {max_bytes} bytes")
     return encoded
+
+
+def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
+    """Walk the payload without recursion: its depth, and every string in it.
+
+    Every value costs at least a byte of JSON, so a walk past `max_bytes` values
+    (a structure that holds itself, say) is a payload over the limit.
+    """
+    pending: list[tuple[Any, int]] = [(payload, 1)]
+    walked = 0
+    while pending:
+        value, depth = pending.pop()
+        walked += 1
+        if walked > max_bytes:
+            raise InvalidInput(f"{what} is over the limit of {max_bytes} bytes")
+        if isinstance(value, str):
+            text(value, f"a string in the {what}")
+            continue
+        if not isinstance(value, dict | list | tuple):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidInput(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        for key, item in items:
+            if isinstance(key, str):
+                text(key, f"a key in the {what}")
+            pending.append((item, depth + 1))

@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rota import sql
+from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput, JobNotFound
 from rota.jobs import Job, Status
@@ -32,6 +32,9 @@ def list_jobs(
 ) -> list[Job]:
     """The newest jobs first, of one status and type when given."""
     checked = status_named(status) if status is not None else None
+    if job_type is not None:
+        limits.name(job_type, "job type")
+    limits.whole(limit, "limit")
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(
             conn, sql.query("list_jobs"), {"status": checked, "type": job_type, "limit": limit}
@@ -56,6 +59,7 @@ def get_job(conn_or_dsn: ConnOrDsn, job_id: int) -> Job:
 
 def job_row(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
     """One job's whole row: a `Job`'s columns and the others (result, errors, group)."""
+    limits.job_id(job_id)
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("get_job"), {"id": job_id})
     if not rows:
@@ -66,6 +70,7 @@ def job_row(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
 def result(conn_or_dsn: ConnOrDsn, job_id: int) -> tuple[Status, Any]:
     """A job's status and its handler's return value (None until it is done, and
     for a handler that returned None), archived or not."""
+    limits.job_id(job_id)
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("job_result"), {"id": job_id})
     if not rows:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql as pgsql
 
-from rota import sql
+from rota import limits, sql
 from rota.db import Conn, ConnOrDsn, connection, errors_wrapped, fetch_all
 from rota.errors import DatabaseError, InvalidInput, MigrationError
 
@@ -30,21 +30,30 @@ log = logging.getLogger(__name__)
 # Any fixed number will do; it only has to be the same in every process.
 _LOCK_ID = 0x726F7461  # "rota"
 
+PREDEFINED_ROLE_PREFIX = "pg_"
+"""PostgreSQL reserves role names starting so for its predefined roles
+(pg_read_all_data, pg_monitor, ...): `--grant` refuses them."""
+
 
 def migrate(conn_or_dsn: ConnOrDsn, grant: Sequence[str] = ()) -> list[int]:
     """Apply every migration not yet applied; return the numbers applied now.
 
     Then give each role in `grant` the runtime rights on every object of the
     schema (again each time, so objects of new migrations are covered). A role
-    that does not exist is `InvalidInput`, raised before anything is changed.
+    that does not exist, or a predefined role of PostgreSQL (pg_*, which would
+    hand Rota's tables to everybody it is granted to), is `InvalidInput`,
+    raised before anything is changed.
     """
+    roles = limits.names(grant, "--grant roles")
+    for role in roles:
+        if role.startswith(PREDEFINED_ROLE_PREFIX):
+            raise InvalidInput(
+                f"--grant: {role!r} is a predefined role of PostgreSQL: grant to a role of your own"
+            )
     applied_now: list[int] = []
     with connection(conn_or_dsn) as conn, errors_wrapped():
-        for role in grant:
-            if (
-                not role
-                or not fetch_all(conn, sql.query("role_exists"), {"role": role})[0]["found"]
-            ):
+        for role in roles:
+            if not fetch_all(conn, sql.query("role_exists"), {"role": role})[0]["found"]:
                 raise InvalidInput(f"--grant: no database role named {role!r} (create it first)")
         for number, name, text in sql.migrations():
             with conn.transaction():
@@ -56,10 +65,10 @@ def migrate(conn_or_dsn: ConnOrDsn, grant: Sequence[str] = ()) -> list[int]:
                 conn.execute(text.encode())
                 fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
                 applied_now.append(number)
-        if grant:
+        if roles:
             with conn.transaction():
                 fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
-                for role in dict.fromkeys(grant):
+                for role in dict.fromkeys(roles):
                     statement = pgsql.SQL(sql.query("grant_runtime"))
                     conn.execute(statement.format(role=pgsql.Identifier(role)))
                     log.info("granted the runtime rights on schema rota to %s", role)

@@ -22,6 +22,11 @@ from rota.errors import InvalidInput
 POLICIES = ("Allow", "Forbid")
 NOTIFY_CHANNEL = "rota_schedule"
 
+RESERVED_PREFIX = "rota/"
+"""Schedule names under this prefix belong to Rota's built-in schedules."""
+BUILT_IN = {"rota/archive": "rota.archive"}
+"""The built-in schedules (created by `rota migrate`) and the job type each runs."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleSpec:
@@ -45,12 +50,11 @@ class ScheduleSpec:
 
 def validate(spec: ScheduleSpec) -> None:
     """Raise `InvalidInput` with a one-line reason unless the spec can be stored."""
-    if not isinstance(spec.name, str) or not spec.name.strip():
-        raise InvalidInput("schedule name must be a non-empty string")
-    if not isinstance(spec.job_type, str) or not spec.job_type.strip():
-        raise InvalidInput("job type must be a non-empty string")
-    limits.text(spec.name, "schedule name")
-    limits.text(spec.job_type, "job type")
+    limits.name(spec.name, "schedule name")
+    limits.name(spec.job_type, "job type")
+    limits.text(spec.cron, "cron expression")
+    if not isinstance(spec.suspend, bool):
+        raise InvalidInput(f"suspend must be true or false, not {spec.suspend!r}")
     cron.Schedule(spec.cron, spec.timezone)
     limits.encode_payload(spec.payload)
     if spec.concurrency_policy not in POLICIES:
@@ -66,11 +70,28 @@ def validate(spec: ScheduleSpec) -> None:
         limits.timeout_seconds(spec.timeout_seconds, "timeout_seconds")
 
 
+def check_name(name: str, job_type: str | None = None, *, namespaced: bool = False) -> None:
+    """Refuse a name reserved for the built-in schedules.
+
+    A built-in may be changed (its settings are its payload) but must keep its
+    job type; any other name under rota/ is refused, except a `namespaced` one
+    (the operator's '<namespace>/<name>', whose namespace may be rota).
+    """
+    if name in BUILT_IN:
+        if job_type is not None and job_type != BUILT_IN[name]:
+            raise InvalidInput(
+                f"{name} is the built-in schedule of {BUILT_IN[name]} jobs: it keeps that job type"
+            )
+    elif name.startswith(RESERVED_PREFIX) and not namespaced:
+        raise InvalidInput(
+            f"schedule names under {RESERVED_PREFIX} are reserved for built-in schedules: {name!r}"
+        )
+
+
 def _check_int(name: str, value: int | None, minimum: int) -> None:
     if value is None and name != "spread_seconds":
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidInput(f"{name} must be a whole number of at least {minimum}, not {value!r}")
+    limits.whole(value, name, minimum)
 
 
 def spread_offset(name: str, spread_seconds: int) -> int:
@@ -87,7 +108,11 @@ def idempotency_key(schedule_id: int, slot: datetime) -> str:
 
 
 def upsert(
-    conn_or_dsn: ConnOrDsn, spec: ScheduleSpec, now: datetime | None = None
+    conn_or_dsn: ConnOrDsn,
+    spec: ScheduleSpec,
+    now: datetime | None = None,
+    *,
+    namespaced: bool = False,
 ) -> dict[str, Any]:
     """Create the schedule or change the one of that name; return its row.
 
@@ -96,6 +121,7 @@ def upsert(
     not replayed); otherwise slots already due stay due.
     """
     validate(spec)
+    check_name(spec.name, spec.job_type, namespaced=namespaced)
     encoded = limits.encode_payload(spec.payload)
     with connection(conn_or_dsn) as conn, conn.transaction():
         tick = _now(conn, now)
@@ -123,7 +149,11 @@ def _timing_changed(old: dict[str, Any], spec: ScheduleSpec) -> bool:
 
 
 def remove(conn_or_dsn: ConnOrDsn, name: str) -> bool:
-    """Delete the schedule; its jobs stay. False when there was none of that name."""
+    """Delete the schedule; its jobs stay. False when there was none of that name.
+    A built-in schedule is never deleted (suspend it instead)."""
+    limits.name(name, "schedule name")
+    if name in BUILT_IN:
+        raise InvalidInput(f"{name} is a built-in schedule: suspend it instead of removing it")
     with connection(conn_or_dsn) as conn, conn.transaction():
         gone = _one(conn, "schedule_delete", {"name": name}) is not None
         if gone:
@@ -145,13 +175,14 @@ def set_suspended(
     conn_or_dsn: ConnOrDsn, name: str, suspend: bool, now: datetime | None = None
 ) -> dict[str, Any] | None:
     """Suspend or resume; None when there is no schedule of that name."""
+    limits.name(name, "schedule name")
     with connection(conn_or_dsn) as conn, conn.transaction():
         old = _one(conn, "schedule_lock_by_name", {"name": name})
         if old is None:
             return None
         fields = {f.name for f in dataclasses.fields(ScheduleSpec)}
         spec = ScheduleSpec(**{k: v for k, v in old.items() if k in fields})
-        return upsert(conn, dataclasses.replace(spec, suspend=suspend), now=now)
+        return upsert(conn, dataclasses.replace(spec, suspend=suspend), now=now, namespaced=True)
 
 
 def _first_slot(expr: str, timezone: str, now: datetime) -> datetime:

@@ -84,11 +84,12 @@ def _apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int) -> N
     try:
         wanted = jobschedules.to_spec(namespace, name, body.spec)
     except InvalidInput as exc:
-        patch.status.update(jobschedules.invalid_status(body.status, generation, str(exc)))
-        memo.kube.post_event(_ref_of(body), "Warning", "InvalidSpec", str(exc))
+        reason = "ReservedName" if isinstance(exc, jobschedules.ReservedName) else "InvalidSpec"
+        patch.status.update(jobschedules.invalid_status(body.status, generation, str(exc), reason))
+        memo.kube.post_event(_ref_of(body), "Warning", reason, str(exc))
         return
     try:
-        row = core.upsert(config.database_url, wanted)
+        row = core.upsert(config.database_url, wanted, namespaced=True)
     except DATABASE_ERRORS as exc:
         patch.status.update(jobschedules.unavailable_status(body.status, generation, str(exc)))
         raise _retry_later("jobschedules", exc, config, retry) from exc
@@ -97,8 +98,12 @@ def _apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int) -> N
 
 @kopf.on.delete(*SCHEDULES)
 def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
-    """Remove the row; the finalizer holds the object until the database said yes."""
-    name = jobschedules.row_name(body.meta.namespace or "", body.meta.name or "")
+    """Remove the row; the finalizer holds the object until the database said yes.
+    An object refused for a built-in's name never had the row: it is left alone."""
+    namespace, name = body.meta.namespace or "", body.meta.name or ""
+    if jobschedules.reserved(namespace, name):
+        return
+    name = jobschedules.row_name(namespace, name)
     try:
         core.remove(memo.config.database_url, name)
     except DATABASE_ERRORS as exc:
@@ -109,7 +114,10 @@ def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
 def sync_schedule_status(*, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Mirror the row's progress (next run, last slot, missed slots) into the status."""
     status, generation = body.status, body.meta.get("generation")
-    name = jobschedules.row_name(body.meta.namespace or "", body.meta.name or "")
+    namespace, name = body.meta.namespace or "", body.meta.name or ""
+    if jobschedules.reserved(namespace, name):
+        return  # refused: the built-in's row is not this object's
+    name = jobschedules.row_name(namespace, name)
     try:
         row = core.get(memo.config.database_url, name)
     except DATABASE_ERRORS as exc:

@@ -19,9 +19,19 @@ API_VERSION = "rota.dev/v1"
 KIND = "JobSchedule"
 
 
+class ReservedName(InvalidInput):
+    """The JobSchedule maps onto the row of a built-in schedule."""
+
+
 def row_name(namespace: str, name: str) -> str:
     """The schedule row behind a JobSchedule: '<namespace>/<name>'."""
     return f"{namespace}/{name}"
+
+
+def reserved(namespace: str, name: str) -> bool:
+    """Whether the object's row would be a built-in schedule's (e.g. `archive` in
+    namespace `rota` is rota/archive): such an object never touches the row."""
+    return row_name(namespace, name) in core.BUILT_IN
 
 
 def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.ScheduleSpec:
@@ -31,6 +41,11 @@ def to_spec(namespace: str, name: str, spec: Mapping[str, Any]) -> core.Schedule
     archiver's settings for a schedule of archive jobs), so the CLI and the
     operator accept exactly the same schedules.
     """
+    if reserved(namespace, name):
+        raise ReservedName(
+            f"{row_name(namespace, name)} is a built-in schedule of Rota: rename this"
+            " JobSchedule or move it to another namespace (the built-in is left alone)"
+        )
     payload = spec.get("payload")
     if payload is not None and not isinstance(payload, Mapping):
         raise InvalidInput("payload must be a JSON object")
@@ -87,13 +102,13 @@ def row_status(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def invalid_status(
-    status: Mapping[str, Any], generation: int | None, message: str
+    status: Mapping[str, Any], generation: int | None, message: str, reason: str = "InvalidSpec"
 ) -> dict[str, Any]:
     """Status of a spec the core refuses: Ready=False; the row (if any) is left alone."""
     return {
         "observedGeneration": generation,
         "conditions": with_condition(
-            status.get("conditions"), "Ready", False, "InvalidSpec", message, generation
+            status.get("conditions"), "Ready", False, reason, message, generation
         ),
     }
 

@@ -10,11 +10,13 @@ import argparse
 import json
 import math
 import os
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+
+from rota import limits
 
 
 class UsageError(Exception):
@@ -40,19 +42,20 @@ def database_url() -> str:
 def parse_json(text: str | None, what: str = "--payload") -> Any:
     if text is None:
         return {}
+    limits.text(text, what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise UsageError(
+            f"{what} is nested more than {limits.MAX_JSON_DEPTH} levels deep"
+        ) from None
 
 
 def parse_instant(text: str, what: str) -> datetime:
-    """An ISO-8601 instant; without an offset it is taken as UTC."""
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{what} is not an ISO-8601 instant: {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    """An ISO-8601 instant within the accepted years; without an offset it is taken as UTC."""
+    return limits.parse_instant(text, what)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -70,17 +73,20 @@ def parse_duration(text: str, what: str) -> float:
         raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}") from None
     if not 0 <= seconds < math.inf:  # nan and inf too
         raise UsageError(f"{what} must not be negative: {text!r}")
-    return seconds
+    return limits.delay_seconds(seconds, what)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the option in the error)."""
+def positive_int(text: str, maximum: int = limits.INTEGER_MAX) -> int:
+    """argparse type: an integer from 1 to `maximum` (by default what an int4 column
+    holds); argparse names the option in the error."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum}: {text!r}")
     return value
 
 

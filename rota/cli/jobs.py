@@ -8,7 +8,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from rota import control, lookup
+from rota import control, limits, lookup
 from rota.cli.common import UsageError, database_url, positive_int, print_json
 from rota.jobs import Job, Status
 
@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
 
 def _job_id(text: str) -> int:
     try:
-        return positive_int(text)
+        return positive_int(text, limits.BIGINT_MAX)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
 

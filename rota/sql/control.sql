@@ -3,17 +3,28 @@
 
 -- name: retry_jobs
 -- Bring ended jobs (dead, failed or cancelled) back to ready with a fresh set
--- of attempts; the last error stays for the record.
-WITH revived AS (
-    UPDATE rota.job
+-- of attempts; the last error stays for the record. Given ids: those of them
+-- in the statuses. Without ids (`retry --all`): one capped batch of the
+-- oldest of one status, through job_ended_idx; revived rows leave the status,
+-- so the next batch starts from the beginning again.
+WITH picked AS (
+    SELECT id FROM rota.job
+    WHERE status = ANY(%(statuses)s::text[])
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE
+),
+revived AS (
+    UPDATE rota.job AS j
     SET status = 'ready',
         run_at = coalesce(%(now)s::timestamptz, now()),
         attempts = 0,
         locked_until = NULL,
         finished_at = NULL,
         cancel_requested_at = NULL
-    WHERE status = ANY(%(statuses)s::text[]) AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
-    RETURNING id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id
 ),
 woken AS (
     SELECT pg_notify('rota_jobs', '') FROM revived LIMIT 1
@@ -61,6 +72,42 @@ SELECT id, true AS ended FROM ended
 UNION ALL
 SELECT id, false FROM requested
 ORDER BY id
+
+-- name: cancel_ready_of_type
+-- `jobs cancel --type`: one capped batch of the type's ready jobs, through
+-- job_ready_type_idx. The rows are locked, not skipped: a job a worker is
+-- claiming right now is seen as the claim left it (running, for the next
+-- step). Claims never wait for a lock, so this order cannot deadlock with them.
+WITH target AS (
+    SELECT id FROM rota.job
+    WHERE status = 'ready' AND type = %(type)s::text
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE
+)
+UPDATE rota.job AS j
+SET status = 'cancelled',
+    cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    last_error = coalesce(j.last_error, 'Cancelled: before it started')
+WHERE j.id = ANY(ARRAY(SELECT id FROM target))
+RETURNING j.id
+
+-- name: cancel_running_of_type
+-- The type's running jobs after id %(after)s asked to stop, a capped batch in
+-- id order (the order of every statement that waits for running rows' locks),
+-- among the running rows only (job_running_idx).
+WITH target AS (
+    SELECT id FROM rota.job
+    WHERE status = 'running' AND type = %(type)s::text AND id > %(after)s
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE
+)
+UPDATE rota.job AS j
+SET cancel_requested_at = coalesce(j.cancel_requested_at, coalesce(%(now)s::timestamptz, now()))
+WHERE j.id = ANY(ARRAY(SELECT id FROM target))
+RETURNING j.id
 
 -- name: pause_types
 INSERT INTO rota.paused_type (type, paused_at)

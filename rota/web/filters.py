@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from rota import limits
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.lookup import status_named
@@ -92,13 +93,7 @@ def clean(value: str, name: str) -> str:
     characters."""
     if len(value) > MAX_TEXT:
         raise InvalidInput(f"{name} is longer than {MAX_TEXT} characters")
-    if "\x00" in value:
-        raise InvalidInput(f"{name} contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(f"{name} contains a character that is not valid UTF-8") from None
-    return value
+    return limits.text(value, name)
 
 
 def _clean_json(value: Any, name: str) -> Any:
@@ -168,7 +163,7 @@ def parse_instant(text: str | None, name: str) -> datetime | None:
         raise InvalidInput(
             f"{name} is not an ISO-8601 time like 2030-03-14T15:30: {text!r}"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return limits.instant(value if value.tzinfo else value.replace(tzinfo=UTC), name)
 
 
 def parse_filter(params: Mapping[str, str]) -> JobFilter:

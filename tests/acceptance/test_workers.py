@@ -239,3 +239,15 @@ def test_the_scheduler_inside_a_worker_enqueues_a_due_slot_that_the_worker_runs(
         assert worker.stop() == 0
     key = scalar(conn, "SELECT idempotency_key FROM rota.job WHERE schedule_id = %s", row["id"])
     assert key.startswith(f"schedule:{row['id']}:")
+
+
+def test_a_worker_refuses_to_start_for_a_type_no_handler_serves(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rota.cli import main
+
+    monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
+    # rota.archive is served (a built-in); "emial" is a typo no loaded handler serves.
+    assert main(["worker", "--types", "rota.archive,emial", "--no-scheduler"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'emial'" in err and "rota.archive" in err, err

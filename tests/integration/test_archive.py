@@ -242,3 +242,29 @@ def test_settings_are_validated() -> None:
     ]:
         with pytest.raises(InvalidInput, match=reason):
             ArchiveSettings.from_payload(payload)
+
+
+def test_effect_markers_leave_with_their_job_so_a_reused_key_runs_its_effect(conn: Conn) -> None:
+    from rota import lookup
+    from rota.effects import record_effect
+
+    first = lookup.get_job(conn, enqueue(conn, "t", key="order-7"))
+    keyless = lookup.get_job(conn, enqueue(conn, "t"))
+    kept = lookup.get_job(conn, enqueue(conn, "t", key="order-8"))
+    for job in (first, keyless, kept):
+        assert record_effect(conn, job, "charge")
+    assert not record_effect(conn, first, "charge")  # a rerun of the same job skips it
+    conn.execute(
+        "UPDATE rota.job SET status = 'done', finished_at = %s WHERE id = ANY(%s)",
+        (NOW - timedelta(days=8), [first.id, keyless.id]),
+    )
+    assert Archiver().run_once(conn, now=NOW).done == 2
+    markers = conn.execute("SELECT job_key FROM rota.job_effect ORDER BY job_key").fetchall()
+    assert [m["job_key"] for m in markers] == ["order-8"]
+    # The key is free again: the new job's effect is not taken for the old one's.
+    again = lookup.get_job(conn, enqueue(conn, "t", key="order-7"))
+    assert again.id != first.id
+    assert record_effect(conn, again, "charge")
+    # A job deleted by hand takes its markers with it too.
+    conn.execute("DELETE FROM rota.job WHERE id = %s", (again.id,))
+    assert conn.execute("SELECT count(*) AS n FROM rota.job_effect").fetchone()["n"] == 1  # type: ignore[index]

@@ -178,3 +178,31 @@ def _nodes(plan: dict[str, Any]) -> Any:
     yield plan
     for child in plan.get("Plans", []):
         yield from _nodes(child)
+
+
+def test_cancel_by_type_and_retry_all_work_in_capped_batches(
+    conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control, "BATCH_SIZE", 3)
+    statements: list[str] = []
+    real = control.fetch_all
+
+    def counted(c: Any, text: str, params: Any = None) -> Any:
+        statements.append(text)
+        return real(c, text, params)
+
+    monkeypatch.setattr(control, "fetch_all", counted)
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(8)], now=T0)
+    other = rota.enqueue(conn, "u", now=T0)
+    running = [j.id for j in claims.claim(conn, "w", 4, 30, ["t"], now=at(1))]
+    result = control.cancel_matching(conn, "t", now=at(2))
+    assert result.ended == sorted(set(ids) - set(running))
+    assert result.requested == sorted(running)
+    assert status_of(conn, other) == "ready"
+    # 4 ready rows: batches of 3 and 1; 4 running: 3 and 1.
+    assert len(statements) == 4
+    conn.execute("UPDATE rota.job SET status = 'dead', finished_at = now() WHERE type = 't'")
+    statements.clear()
+    assert control.retry(conn, all_matching=True, now=at(3)) == sorted(ids)
+    assert len(statements) == 3  # 3 + 3 + 2
+    assert {status_of(conn, i) for i in ids} == {"ready"}

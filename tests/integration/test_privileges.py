@@ -29,7 +29,9 @@ from rota import schedule_store as schedules
 from rota.archive import Archiver, ArchiveSettings
 from rota.claim import Attempt
 from rota.cli import main
+from rota.errors import InvalidInput
 from rota.jobs import Outcome, Status
+from rota.migrate import migrate
 from rota.reaper import Reaper
 from rota.schedule_store import ScheduleSpec
 from rota.scheduler import Scheduler
@@ -210,7 +212,9 @@ def test_several_roles_in_one_flag_or_many(
             )
 
 
-@pytest.mark.parametrize("value", ["no_such_role", "", " , ", "public"])
+@pytest.mark.parametrize(
+    "value", ["no_such_role", "", " , ", "public", "pg_read_all_data", "pg_monitor"]
+)
 def test_an_unknown_role_is_exit_2_and_changes_nothing(
     empty_db_url: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -223,3 +227,20 @@ def test_an_unknown_role_is_exit_2_and_changes_nothing(
     with psycopg.connect(empty_db_url) as conn:
         schema = conn.execute("SELECT to_regnamespace('rota')").fetchone()
     assert schema == (None,)  # not even the migrations ran
+
+
+def test_a_predefined_role_is_refused_before_anything_changes(db_url: str) -> None:
+    # pg_read_all_data exists: granting Rota's runtime rights to it would let every
+    # member of a read-only role write to the queue.
+    with psycopg.connect(db_url, autocommit=True) as owner:
+        before = owner.execute(
+            "SELECT has_table_privilege('pg_read_all_data', 'rota.job', 'INSERT')"
+        ).fetchone()
+        with pytest.raises(InvalidInput, match="predefined role"):
+            migrate(owner, grant=["pg_read_all_data"])
+        with pytest.raises(InvalidInput, match="must be a list"):
+            migrate(owner, grant="rota_worker")  # a bare string is not its characters
+        after = owner.execute(
+            "SELECT has_table_privilege('pg_read_all_data', 'rota.job', 'INSERT')"
+        ).fetchone()
+    assert before == after == (False,)

@@ -307,3 +307,22 @@ def test_concurrent_upserts_of_one_name(db_url: str, conn: Conn) -> None:
     assert not errors
     rows = conn.execute("SELECT count(*) AS n FROM rota.schedule WHERE name = 'same'").fetchone()
     assert rows == {"n": 1}
+
+
+def test_names_under_rota_are_reserved_for_the_built_in_schedules(conn) -> None:
+    builtin = schedules.get(conn, "rota/archive")
+    for name, job_type in [("rota/mine", "t"), ("rota/archive", "t")]:
+        with pytest.raises(InvalidInput, match=r"built-in|reserved"):
+            schedules.upsert(conn, ScheduleSpec(name, job_type, "@daily"))
+    with pytest.raises(InvalidInput, match="suspend it instead"):
+        schedules.remove(conn, "rota/archive")
+    assert schedules.get(conn, "rota/archive") == builtin
+    # The built-in keeps its job type but takes new settings, and may be suspended.
+    payload = {"done_retention_seconds": 3600}
+    schedules.upsert(
+        conn, ScheduleSpec("rota/archive", "rota.archive", "*/5 * * * *", payload=payload)
+    )
+    assert schedules.get(conn, "rota/archive")["payload"] == payload  # type: ignore[index]
+    assert schedules.set_suspended(conn, "rota/archive", True) is not None
+    # A JobSchedule of namespace rota is '<namespace>/<name>': the operator may write it.
+    schedules.upsert(conn, ScheduleSpec("rota/tick", "t", "@daily"), namespaced=True)

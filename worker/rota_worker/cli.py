@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from rota.cli.common import UsageError, database_url, port_number, positive_int
+from rota.handlers import check_served
 
 
 def register(sub: Any) -> None:
@@ -99,6 +100,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         claim_ahead=not args.no_claim_ahead,
     )
     load_handlers(args.handlers)
+    if types is not None:
+        check_served(types)
     Worker(database_url(), settings).run(install_signals=True)
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
         # Sync handlers still running past the grace period were given back;
