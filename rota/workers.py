@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +39,17 @@ class WorkerInfo:
     types: tuple[str, ...] = ()
     host: str = dataclasses.field(default_factory=socket.gethostname)
     pid: int | None = dataclasses.field(default_factory=os.getpid)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """A live worker serving some of a pool's types, and how many jobs it holds."""
+
+    id: str
+    host: str
+    """The worker's host name: in Kubernetes, its pod's name."""
+    concurrency: int
+    running: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,3 +181,14 @@ def _live(row: dict[str, Any]) -> LiveWorker:
 
 def _instant(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def loads(
+    conn_or_dsn: ConnOrDsn, types: Sequence[str] | None = None, now: datetime | None = None
+) -> list[WorkerLoad]:
+    """Live workers that claim any of `types` (None: every worker), each with the
+    running jobs it holds now: what an autoscaler must not stop."""
+    params = {"types": list(types) if types is not None else None, "now": now}
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("worker_loads"), params)
+    return [WorkerLoad(r["id"], r["host"], r["concurrency"], int(r["running"])) for r in rows]

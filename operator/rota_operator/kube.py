@@ -1,9 +1,11 @@
 """The operator's only caller of the Kubernetes API (beside kopf's own watching).
 
 It reads and sets a Deployment's replicas through the scale subresource (so
-the operator needs no write access to Deployments themselves), writes a
-WorkerPool's status, and posts Events. Every call is synchronous and raises
-`KubeError` for an API failure, so no other module imports `kubernetes`.
+the operator needs no write access to Deployments themselves), marks the
+Deployment's pods with their cost of deletion (so a scale-down stops idle
+workers, not busy ones), writes a WorkerPool's status, and posts Events.
+Every call is synchronous and raises `KubeError` for an API failure, so no
+other module imports `kubernetes`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "rota-operator"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+"""The annotation a ReplicaSet reads when it scales down: lower costs go first."""
 
 
 class KubeError(Exception):
@@ -54,6 +59,8 @@ class Replicas:
 
     spec: int
     status: int
+    selector: str = ""
+    """The label selector of the Deployment's pods, as the scale reports it."""
 
 
 def load_client() -> kubernetes.client.ApiClient:
@@ -80,7 +87,29 @@ class Kube:
         """The Deployment's scale (404 as KubeError when it does not exist)."""
         scale = _call(self.apps.read_namespaced_deployment_scale, deployment, namespace)
         spec, status = scale.get("spec") or {}, scale.get("status") or {}
-        return Replicas(int(spec.get("replicas") or 0), int(status.get("replicas") or 0))
+        return Replicas(
+            int(spec.get("replicas") or 0),
+            int(status.get("replicas") or 0),
+            str(status.get("selector") or ""),
+        )
+
+    def mark_deletion_costs(self, namespace: str, selector: str, costs: Mapping[str, int]) -> int:
+        """Annotate the pods `selector` picks with their cost of deletion (a pod
+        named in `costs` gets its value, any other 0), so that a scale-down stops
+        the cheapest pods first; returns the pods changed."""
+        if not selector:
+            return 0
+        listed = _call(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        changed = 0
+        for pod in listed.get("items") or ():
+            meta = pod.get("metadata") or {}
+            cost = str(costs.get(str(meta.get("name")), 0))
+            if (meta.get("annotations") or {}).get(DELETION_COST) == cost:
+                continue
+            body = {"metadata": {"annotations": {DELETION_COST: cost}}}
+            _call(self.core.patch_namespaced_pod, meta.get("name"), namespace, body, patch=True)
+            changed += 1
+        return changed
 
     def set_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
         """Ask the Deployment for this many replicas."""
@@ -120,9 +149,9 @@ class Kube:
         return [str((item.get("metadata") or {}).get("name")) for item in items]
 
 
-def _call(method: Any, *args: Any, patch: bool = False) -> dict[str, Any]:
+def _call(method: Any, *args: Any, patch: bool = False, **kwargs: Any) -> dict[str, Any]:
     """Call the client without its models (we need a few fields, not validation); JSON back."""
-    options: dict[str, Any] = {"_preload_content": False, "_request_timeout": 30}
+    options: dict[str, Any] = {"_preload_content": False, "_request_timeout": 30, **kwargs}
     if patch:
         options["_content_type"] = MERGE_PATCH
     try:

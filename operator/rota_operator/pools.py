@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rota import status as queue_status
+from rota import workers
 from rota.errors import RotaError
 from rota_operator import metrics
 from rota_operator.conditions import now_rfc3339, with_condition
@@ -118,11 +119,26 @@ def _reconcile(
     if limits.min_replicas > limits.max_replicas:
         raise ValueError(f"minReplicas {limits.min_replicas} > maxReplicas {limits.max_replicas}")
     age = queue_status.queue_age(database_url, spec.job_types)
+    loads = workers.loads(database_url, spec.job_types)
     replicas = kube.read_replicas(ref.namespace, spec.target)
-    sample = QueueSample(age.oldest_ready_age_seconds, age.ready_jobs, age.running_jobs)
+    sample = QueueSample(
+        age.oldest_ready_age_seconds,
+        age.ready_jobs,
+        age.running_jobs,
+        held_jobs=sum(w.running for w in loads),
+        busy_replicas=len({w.host for w in loads if w.running}),
+        slots_per_replica=max((w.concurrency for w in loads), default=1),
+    )
     decision = decide(limits, replicas.spec, sample, state.memory, now)
     state.memory = decision.memory
     status: dict[str, Any] = {}
+    if decision.desired < replicas.spec:
+        # A worker's host name is its pod's name: busy pods cost their jobs, idle
+        # ones nothing, so the ReplicaSet stops idle ones first.
+        costs: dict[str, int] = {}
+        for w in loads:
+            costs[w.host] = costs.get(w.host, 0) + w.running
+        kube.mark_deletion_costs(ref.namespace, replicas.selector, costs)
     if decision.desired != replicas.spec:
         kube.set_replicas(ref.namespace, spec.target, decision.desired)
         kube.post_event(ref, "Normal", "Scaled", decision.message)
@@ -144,6 +160,10 @@ def _reconcile(
         "desiredReplicas": decision.desired,
         "oldestReadyAgeSeconds": round(sample.oldest_ready_age_seconds, 3),
         "readyJobs": sample.ready_jobs,
+        "runningJobs": sample.running_jobs,
+        "busyReplicas": sample.busy_replicas,
+        "minReplicasForRunningJobs": sample.floor,
+        "decidedBy": decision.reason,
         "conditions": state.conditions,
     }
 

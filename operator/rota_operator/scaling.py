@@ -1,4 +1,4 @@
-"""How many workers a pool needs, decided from the age of its queue.
+"""How many workers a pool needs, decided from its jobs in flight and the age of its queue.
 
 This module is pure: no clock, no database, no Kubernetes. The caller passes the
 time (`now`, in seconds on any monotonic-enough scale) and what it remembers
@@ -8,9 +8,15 @@ microseconds.
 
 The policy, one poll at a time:
 
+0. Jobs in flight set a floor: never fewer replicas than the pool's running
+   jobs need, ceil(jobs held by its live workers / slots per replica), nor
+   than the replicas that hold one (`JobsRunning`). Every other rule decides
+   above it, immediately: a scale-down removes only replicas that would be
+   idle, and the operator marks the busy pods so that Kubernetes stops an idle
+   one (see pools.py).
 1. Empty queue: the recommendation is `minReplicas` (0 allowed) when no job
    of the pool is running either; while jobs run (workers keep up, so nothing
-   waits), at least 1, so a busy pool is not sent to zero mid-job.
+   waits), at least 1 and at least the floor.
 2. Jobs ready and no replica: at least 1 at once (0 -> 1 never waits).
 3. The oldest ready job older than `targetQueueAgeSeconds` (beyond a 10%
    tolerance): grow in proportion, `ceil(current * age / target)`, by at most
@@ -59,6 +65,19 @@ class QueueSample:
     oldest_ready_age_seconds: float
     ready_jobs: int
     running_jobs: int = 0
+    """Running jobs of the pool's types, whoever holds them."""
+    held_jobs: int = 0
+    """Running jobs held by the pool's live workers (from the worker registry)."""
+    busy_replicas: int = 0
+    """Live workers of the pool that hold at least one running job."""
+    slots_per_replica: int = 1
+    """Jobs one replica runs at once: the largest concurrency its workers registered."""
+
+    @property
+    def floor(self) -> int:
+        """The fewest replicas that stop no running job."""
+        needed = math.ceil(self.held_jobs / max(self.slots_per_replica, 1))
+        return max(needed, self.busy_replicas)
 
 
 @dataclass(frozen=True)
@@ -88,7 +107,7 @@ def recommend(limits: PoolLimits, current: int, sample: QueueSample) -> tuple[in
     if sample.ready_jobs <= 0 and sample.running_jobs <= 0:
         return _clamp(limits, limits.min_replicas), "QueueEmpty"
     if sample.ready_jobs <= 0:
-        return _clamp(limits, max(limits.min_replicas, 1)), "JobsRunning"
+        return _clamp(limits, max(limits.min_replicas, 1, sample.floor)), "JobsRunning"
     base = max(current, 1)
     ratio = sample.oldest_ready_age_seconds / limits.target_age_seconds
     if ratio > 1 + TOLERANCE:
@@ -120,6 +139,8 @@ def decide(
     else:
         desired = min(current, max(r for _, r in window))
         reason = reason if desired < current else "Stabilizing"
+    if desired < sample.floor:
+        desired, reason = sample.floor, "JobsRunning"
     clamped = _clamp(limits, desired)
     if clamped != desired:
         desired, reason = clamped, "OutOfBounds"
@@ -134,8 +155,11 @@ def describe(
     return (
         f"{reason}: {current} -> {desired} replicas; {sample.ready_jobs} ready jobs, "
         f"oldest waiting {sample.oldest_ready_age_seconds:.1f}s "
-        f"(target {limits.target_age_seconds:g}s), bounds [{limits.min_replicas}, "
-        f"{limits.max_replicas}], stabilization {limits.stabilization_seconds:g}s"
+        f"(target {limits.target_age_seconds:g}s); {sample.running_jobs} running, "
+        f"{sample.held_jobs} on {sample.busy_replicas} busy replicas of "
+        f"{sample.slots_per_replica} slots: at least {sample.floor}; bounds "
+        f"[{limits.min_replicas}, {limits.max_replicas}], "
+        f"stabilization {limits.stabilization_seconds:g}s"
     )
 
 

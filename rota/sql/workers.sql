@@ -72,6 +72,17 @@ WHERE NOT EXISTS (
       AND classid = 1383036001::oid AND objid = hashtext(%(id)s)::oid
 )
 
+-- name: worker_loads
+-- Live workers claiming any of the given types (all workers when none given),
+-- with the running jobs each holds, found among the running rows only.
+SELECT w.id, w.host, w.concurrency,
+       (SELECT count(*) FROM rota.job AS j
+        WHERE j.status = 'running' AND j.locked_by = w.id) AS running
+FROM rota.worker AS w
+WHERE w.expires_at >= coalesce(%(now)s::timestamptz, now())
+  AND (%(types)s::text[] IS NULL OR w.types && %(types)s::text[])
+ORDER BY w.id
+
 -- name: worker_live_count
 -- Workers alive: an unexpired row whose worker still holds its presence lock.
 SELECT count(*) AS workers

@@ -25,6 +25,8 @@ API_CALLS: dict[str, list[Grant]] = {
     "patch_namespaced_deployment_scale": [("apps", "deployments/scale", "patch")],
     "patch_namespaced_custom_object_status": [("{group}", "{custom}/status", "patch")],
     "create_namespaced_event": [("", "events", "create")],
+    "list_namespaced_pod": [("", "pods", "list")],
+    "patch_namespaced_pod": [("", "pods", "patch")],
     # The wait for peering lists CRDs and kopf's peering objects: kopf's own
     # grants (below) already cover both.
     "list_cluster_custom_object": [],

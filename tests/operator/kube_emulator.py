@@ -14,7 +14,9 @@ itself and adds what kopf and the kubernetes client rely on:
 - lists carry kind and apiVersion; watches are served as application/json,
   start after the resourceVersion asked for (kopf lists first, then watches),
   and no event between the snapshot and the stream is lost;
-- deployments/scale is an autoscaling/v1 Scale (read and merge-patch);
+- deployments/scale is an autoscaling/v1 Scale (read and merge-patch), its
+  status.selector made of the Deployment's matchLabels;
+- lists honour a labelSelector of equalities (pods are stored, never run);
 - /api/v1/namespaces, which kmock's URL parser cannot read, lists the
   namespaces of `self.namespaces` (kopf looks there when it is told which
   namespaces to watch); its watch stays open and quiet.
@@ -44,6 +46,7 @@ _versions = itertools.count(1000)
 BUILTIN: dict[str, kmock.ResourceInfo] = {
     "v1/namespaces": kmock.ResourceInfo(kind="Namespace", namespaced=False),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
+    "v1/pods": kmock.ResourceInfo(kind="Pod", namespaced=True),
     "apps/v1/deployments": kmock.ResourceInfo(
         kind="Deployment", namespaced=True, subresources={"status", "scale"}
     ),
@@ -139,10 +142,14 @@ class Emulator(kmock.KubernetesEmulator):
     def _list(self, request: rendering.Request) -> dict[str, Any]:
         res = request.resource
         assert res is not None
+        wanted = _labels(request.params.get("labelSelector") or "")
         items = [
             copy.deepcopy(obj.raw)
             for (r, ns, _), obj in self._objects.items()
-            if r == res and not obj.deleted and request.namespace in (None, ns)
+            if r == res
+            and not obj.deleted
+            and request.namespace in (None, ns)
+            and wanted.items() <= ((obj.raw.get("metadata") or {}).get("labels") or {}).items()
         ]
         kind = self.resources[res].kind or res.plural
         api_version = f"{res.group}/{res.version}" if res.group else res.version
@@ -292,12 +299,21 @@ def _merge_patched(obj: Any, patch: Any) -> Any:
     return result
 
 
+def _labels(selector: str) -> dict[str, str]:
+    """A selector of equalities, "app=a,tier=b", as a dict (all the operator sends)."""
+    return dict(part.split("=", 1) for part in selector.split(",") if part)  # type: ignore[misc]
+
+
 def _scale_of(deployment: dict[str, Any]) -> dict[str, Any]:
     meta = deployment["metadata"]
+    labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
     return {
         "apiVersion": "autoscaling/v1",
         "kind": "Scale",
         "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
         "spec": {"replicas": (deployment.get("spec") or {}).get("replicas", 1)},
-        "status": {"replicas": (deployment.get("status") or {}).get("replicas", 0)},
+        "status": {
+            "replicas": (deployment.get("status") or {}).get("replicas", 0),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        },
     }

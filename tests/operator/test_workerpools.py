@@ -6,6 +6,8 @@ copies spec.replicas into status.replicas, as running pods would.
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 import psycopg
@@ -13,9 +15,12 @@ from kopf.testing import KopfRunner
 from kube_client import Api, wait_for
 from prometheus_client import generate_latest
 
-from rota_operator import metrics
+import rota
+from rota_operator import kube, metrics
+from tests.acceptance.procs import WorkerProcess
 
 NS = "default"
+PODS = f"/api/v1/namespaces/{NS}/pods"
 POOLS = f"/apis/rota.dev/v1/namespaces/{NS}/workerpools"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 
@@ -147,3 +152,55 @@ def test_deleting_a_pool_stops_its_polling(
         what="its series dropped",
     )
     assert exposition
+
+
+def test_long_jobs_on_an_empty_queue_hold_the_replicas_that_run_them(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # Two real workers each run a long job; nothing is ready. The old policy sent
+    # the pool to 1 after the window, stopping a job mid-way.
+    conn.execute("CREATE TABLE started (job_id bigint, attempt int)")
+    conn.execute("CREATE TABLE gate (job_id bigint PRIMARY KEY)")
+    host = socket.gethostname()  # a worker's host name: in a cluster, its pod's name
+    kube_api.create(DEPLOYMENTS, deployment("longs", 3))
+    for pod in (host, "longs-idle"):
+        kube_api.create(PODS, {"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": pod, "labels": {"app": "longs"}}})  # fmt: skip
+    ids = rota.enqueue_many(conn, [rota.NewJob("gated"), rota.NewJob("gated")])
+    for _ in ids:
+        WorkerProcess(db_url, "--types", "gated", "--concurrency", "1", "--no-scheduler")
+    wait_for(lambda: _count(conn, "SELECT count(*) FROM started") == 2, what="both jobs running")
+
+    kube_api.create(POOLS, worker_pool("longs", "longs", jobTypes=["gated"],
+                                       scaleDownStabilizationSeconds=1))  # fmt: skip
+    start = time.monotonic()
+    # Down to the two busy replicas, never below, for polls well past the window.
+    pool = wait_for(
+        lambda: (
+            time.monotonic() - start > 6 and _status(kube_api, "longs", "decidedBy", "JobsRunning")
+        ),
+        what="six seconds of polls deciding by the running jobs",
+    )
+    assert controller(kube_api, "longs") == 2
+    status = pool["status"]
+    assert (status["runningJobs"], status["minReplicasForRunningJobs"]) == (2, 2)
+    scaled = [e["message"] for e in kube_api.events(NS, "longs") if e["reason"] == "Scaled"]
+    assert [m.split(";")[0] for m in scaled] == ["JobsRunning: 3 -> 2 replicas"], scaled
+    # The busy pod was marked dearer to stop than the idle one before the scale-down.
+    costs = {
+        p["metadata"]["name"]: p["metadata"]["annotations"][kube.DELETION_COST]
+        for p in kube_api.get(PODS)["items"]
+    }
+    assert costs == {host: "2", "longs-idle": "0"}
+    assert _count(conn, "SELECT count(*) FROM rota.job WHERE status = 'running'") == 2
+
+    conn.execute("INSERT INTO gate SELECT unnest(%s::bigint[])", (ids,))
+    wait_for(lambda: controller(kube_api, "longs") == 0, what="scaled to zero once they finish")
+    attempts = conn.execute("SELECT attempts, status FROM rota.job").fetchall()
+    assert [(r["attempts"], r["status"]) for r in attempts] == [(1, "done"), (1, "done")]
+
+
+def _count(conn: psycopg.Connection[Any], query: str) -> int:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return int(next(iter(row.values())))

@@ -132,3 +132,66 @@ def test_a_busy_pool_whose_queue_is_always_drained_keeps_one_worker() -> None:
     idle = QueueSample(oldest_ready_age_seconds=0.0, ready_jobs=0, running_jobs=0)
     assert recommend(LIMITS, 2, busy) == (1, "JobsRunning")
     assert recommend(LIMITS, 2, idle)[1] == "QueueEmpty"
+
+
+# -- jobs in flight: a floor that no other rule goes below ------------------------
+
+
+def busy(held: int, replicas: int, slots: int = 1, ready: int = 0, age: float = 0.0) -> QueueSample:
+    return QueueSample(age, ready, held, held, replicas, slots)
+
+
+def test_long_jobs_on_an_empty_queue_hold_every_busy_replica() -> None:
+    # Four workers each running a long job, nothing ready: after the window the
+    # old policy sent the pool to 1 and stopped three jobs mid-way.
+    memory, current, seen = ScaleMemory(), 4, []
+    for now in range(0, 601, 15):
+        decision = decide(LIMITS, current, busy(4, 4), memory, float(now))
+        memory, current = decision.memory, decision.desired
+        seen.append((decision.desired, decision.reason))
+    assert {d for d, _ in seen} == {4}
+    assert seen[-1] == (4, "JobsRunning")
+
+
+def test_the_floor_is_the_running_jobs_over_the_slots_per_replica() -> None:
+    # 10 jobs on workers of 4 slots need ceil(10 / 4) = 3 replicas; 6 run.
+    memory = ScaleMemory(window_start=0.0, last_desired=6)
+    decision = decide(LIMITS, 6, busy(10, 3, slots=4), memory, 1000.0)
+    assert (decision.desired, decision.reason) == (3, "JobsRunning")
+    # Spread over 5 pods, each of them is busy: none may go.
+    decision = decide(LIMITS, 6, busy(10, 5, slots=4), memory, 1000.0)
+    assert (decision.desired, decision.reason) == (5, "JobsRunning")
+
+
+def test_replicas_step_down_only_as_jobs_finish() -> None:
+    # Without a stabilization window each finished job frees its replica at once;
+    # with one, the pool keeps the highest need of the window, as for the queue.
+    for limits, expected in [
+        (PoolLimits(0, 20, 30, 0), [4, 3, 3, 1, 0, 0]),
+        (LIMITS, [4, 4, 4, 4, 3, 3]),
+    ]:
+        memory, current, seen = ScaleMemory(window_start=0.0, last_desired=4), 4, []
+        for now, held in [(1000, 4), (1015, 3), (1030, 3), (1045, 1), (1060, 0), (1075, 0)]:
+            decision = decide(limits, current, busy(held, held), memory, float(now))
+            memory, current = decision.memory, decision.desired
+            seen.append(current)
+        assert seen == expected, limits
+
+
+def test_the_queue_age_rule_scales_above_the_floor() -> None:
+    memory = ScaleMemory(window_start=0.0, last_desired=3)
+    decision = decide(LIMITS, 3, busy(3, 3, ready=40, age=90.0), memory, 1000.0)
+    assert (decision.desired, decision.reason) == (7, "QueueTooOld")  # 3 * 90/30, +4 at most
+    young = decide(LIMITS, 3, busy(3, 3, ready=2, age=1.0), memory, 1000.0)
+    assert (young.desired, young.reason) == (3, "JobsRunning")  # young queue, jobs hold 3
+
+
+def test_max_replicas_bounds_the_floor_too() -> None:
+    limits = PoolLimits(0, 2, 30, 60)
+    decision = decide(limits, 2, busy(5, 5), ScaleMemory(), 1000.0)
+    assert (decision.desired, decision.reason) == (2, "OutOfBounds")
+
+
+def test_the_message_says_what_the_jobs_in_flight_need() -> None:
+    decision = decide(LIMITS, 6, busy(10, 5, slots=4), ScaleMemory(), 1000.0)
+    assert "10 running, 10 on 5 busy replicas of 4 slots: at least 5" in decision.message
