@@ -161,3 +161,32 @@ def test_a_payload_over_the_limit_is_invalid(
     assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
     assert "payload" in condition["message"]
     assert schedules.get(db_url, "default/heavy") is None
+
+
+def test_a_job_schedule_that_maps_onto_a_built_in_is_refused_and_leaves_it_alone(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    # `archive` in namespace `rota` would be the row rota/archive: the built-in
+    # archive schedule. Creating it must not overwrite that row, nor deleting it remove it.
+    builtin = schedules.get(db_url, "rota/archive")
+    path = "/apis/rota.dev/v1/namespaces/rota/jobschedules"
+    obj = job_schedule("archive", jobType="rota.archive", payload={"batch_size": 5})
+    kube_api.create(path, {**obj, "metadata": {"name": "archive", "namespace": "rota"}})
+
+    condition = wait_for(
+        lambda: ready_condition(kube_api.get(f"{path}/archive")), what="a Ready condition"
+    )
+    assert (condition["status"], condition["reason"]) == ("False", "ReservedName")
+    assert "built-in" in condition["message"]
+    warnings = [e for e in kube_api.events("rota", "archive") if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ReservedName"]
+    assert schedules.get(db_url, "rota/archive") == builtin
+
+    kube_api.delete(f"{path}/archive")
+    wait_for(lambda: kube_api.get(f"{path}/archive") is None, what="the object gone")
+    assert schedules.get(db_url, "rota/archive") == builtin
+    # Any other name in namespace rota is an ordinary schedule.
+    kube_api.create(
+        path, {**job_schedule("tick"), "metadata": {"name": "tick", "namespace": "rota"}}
+    )
+    wait_for(lambda: schedules.get(db_url, "rota/tick"), what="rota/tick written")
