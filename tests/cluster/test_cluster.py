@@ -508,6 +508,43 @@ def test_the_workerpool_scales_workers_from_zero_and_back(
     measure("idle_to_zero_seconds", time.monotonic() - started)
 
 
+def test_a_scale_down_never_stops_a_pod_in_the_middle_of_its_job(
+    kube: Kube, database: Database, release: Path
+) -> None:
+    # A burst brings up several workers; one long job outlives the burst by far
+    # more than the stabilization window (20 s). The pool shrinks to the pod that
+    # runs it, never below, and that pod is never the one stopped.
+    wait_until("the idle pool at zero", lambda: kube.replicas(WORKERS) == 0, 180)
+    run_at = datetime.now(UTC) - timedelta(minutes=1)
+    (long_id,) = rota.enqueue_many(
+        database.here, [rota.NewJob("cluster.work", {"seconds": 90}, run_at=run_at)]
+    )
+    ids = enqueue_aged(database, 12, 2)
+    wait_until("the pool above one worker", lambda: kube.replicas(WORKERS) >= 2, 120)
+    wait_until("the burst done", lambda: statuses(database, ids) == {"done": 12}, 300, every=2)
+    (row,) = database.rows("SELECT locked_by FROM rota.job WHERE id = %(id)s", {"id": long_id})
+    holder = row["locked_by"].split(":")[0]
+    holder_uid = kube.get("pod", holder)["metadata"]["uid"]
+    wait_until("the pool down to the busy pod", lambda: kube.replicas(WORKERS) == 1, 120)
+    pool = kube.get("workerpool", WORKERS)
+    assert pool["status"]["decidedBy"] == "JobsRunning", pool["status"]
+    assert pool["status"]["minReplicasForRunningJobs"] == 1, pool["status"]
+    snapshot(kube, "-n", NS, "get", "pods", "-l", "app.kubernetes.io/component=worker")
+    wait_until(
+        "the long job done", lambda: statuses(database, [long_id]) == {"done": 1}, 180, every=2
+    )
+    (done,) = database.rows(
+        "SELECT attempts, releases FROM rota.job WHERE id = %(id)s", {"id": long_id}
+    )
+    assert (done["attempts"], done["releases"]) == (1, 0), done
+    holder_pod = kube.get("pod", holder)
+    assert holder_pod["metadata"]["uid"] == holder_uid  # the same pod ran it to the end
+    assert holder_pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    messages = [e["message"] for e in kube.events(WORKERS) if e["reason"] == "Scaled"]
+    assert any(m.startswith("JobsRunning") for m in messages), messages
+    wait_until("the pool back at zero", lambda: kube.replicas(WORKERS) == 0, 180)
+
+
 def container_id(pod: dict[str, Any]) -> str | None:
     """The pod's container as containerd names it; None until the kubelet reports it
     (a worker can claim jobs before its pod's status says it runs)."""
