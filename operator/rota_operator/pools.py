@@ -10,12 +10,12 @@ and the next poll tries again.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rota import limits as checks
 from rota import status as queue_status
 from rota import workers
 from rota.errors import RotaError
@@ -50,17 +50,24 @@ class PoolSpec:
     @classmethod
     def parse(cls, spec: Mapping[str, Any], default_poll: float) -> PoolSpec:
         values = {**SPEC_DEFAULTS, "pollIntervalSeconds": default_poll, **spec}
+        # The core's checks (InvalidInput is a ValueError): replicas within what a
+        # Deployment holds, seconds that are finite and at most ten years.
+        minimum = checks.whole(values["minReplicas"], "minReplicas", 0)
         limits = PoolLimits(
-            min_replicas=int(values["minReplicas"]),
-            max_replicas=int(values.get("maxReplicas", values["minReplicas"] or 1)),
-            target_age_seconds=float(values["targetQueueAgeSeconds"]),
-            stabilization_seconds=float(values["scaleDownStabilizationSeconds"]),
+            min_replicas=minimum,
+            max_replicas=checks.whole(values.get("maxReplicas", minimum or 1), "maxReplicas", 0),
+            target_age_seconds=checks.interval_seconds(
+                values["targetQueueAgeSeconds"], "targetQueueAgeSeconds"
+            ),
+            stabilization_seconds=checks.delay_seconds(
+                values["scaleDownStabilizationSeconds"], "scaleDownStabilizationSeconds"
+            ),
         )
         types = values.get("jobTypes")
+        if types:
+            types = checks.names(types, "jobTypes")
         target = (values.get("scaleTargetRef") or {}).get("name") or ""
-        poll = float(values["pollIntervalSeconds"])
-        if not 0 < poll < math.inf:  # nan too: the pool's loop sleeps this long
-            raise ValueError(f"pollIntervalSeconds must be a positive number, not {poll!r}")
+        poll = checks.interval_seconds(values["pollIntervalSeconds"], "pollIntervalSeconds")
         return cls(target, list(types) if types else None, limits, poll)
 
 
