@@ -142,9 +142,9 @@ def text(value: Any, what: str) -> str:
 def name(value: Any, what: str) -> str:
     """A job type, key, effect, group or schedule name: non-blank text of at most
     MAX_NAME_BYTES bytes, so that every index over it can hold it."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{what} must be a non-empty string, not {_short(value)}")
     text(value, what)
-    if not value.strip():
-        raise InvalidInput(f"{what} must not be empty")
     size = len(value.encode())
     if size > MAX_NAME_BYTES:
         raise InvalidInput(f"{what} is {size} bytes long, over the limit of {MAX_NAME_BYTES}")
