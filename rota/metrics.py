@@ -508,7 +508,7 @@ class QueueCollector:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, application_name="rota-metrics")
             conn = self._conn
-            leader = bool(fetch_all(conn, sql.query("metrics_exporter_lead"))[0]["leader"])
+            leader = lead and bool(fetch_all(conn, sql.query("metrics_exporter_lead"))[0]["leader"])
             if lead and not leader:
                 return False, None
             self.reads += 1

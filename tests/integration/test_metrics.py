@@ -386,3 +386,13 @@ def test_exporter_refuses_bad_input_in_one_line(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["rota: error: --port must be 0-65535, not 70000",
                    "rota: error: --cache must be 0 or more seconds, not -1.0"]  # fmt: skip
+
+
+def test_reading_the_status_never_takes_the_exporter_lock(db_url):
+    reader, exporter = QueueCollector(db_url), QueueCollector(db_url)
+    try:
+        assert reader.status() is not None
+        assert queue_samples(exporter)[("rota_queue_exporter_leader", frozenset())] == 1
+    finally:
+        reader.close_connection()
+        exporter.close_connection()

@@ -37,6 +37,7 @@ def test_metrics_and_health_are_served() -> None:
         'rota_operator_reconcile_errors_total{reason="TargetNotFound",resource="workerpools"}'
         in text
     )
+    assert "_created" not in text
     assert pages["/healthz"] == (200, "ok\n")
     assert pages["/nope"][0] == 404
 
