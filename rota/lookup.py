@@ -70,10 +70,20 @@ def job_row(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
 def result(conn_or_dsn: ConnOrDsn, job_id: int) -> tuple[Status, Any]:
     """A job's status and its handler's return value (None until it is done, and
     for a handler that returned None), archived or not."""
+    found = outcome(conn_or_dsn, job_id)
+    return found["status"], found["result"]
+
+
+def outcome(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
+    """What became of a job, archived or not: its status, payload, result, errors
+    (decoded), attempts, last worker (locked_by) and times."""
     limits.job_id(job_id)
     with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("job_result"), {"id": job_id})
+        rows = fetch_all(conn, sql.query("job_outcome"), {"id": job_id})
     if not rows:
         raise JobNotFound(f"no job with id {job_id}")
-    text = rows[0]["result"]
-    return Status(rows[0]["status"]), None if text is None else json.loads(text)
+    row = rows[0]
+    for name in ("payload", "result", "errors"):
+        row[name] = None if row[name] is None else json.loads(row[name])
+    row["status"] = Status(row["status"])
+    return row

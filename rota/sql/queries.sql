@@ -257,12 +257,17 @@ LIMIT %(limit)s
 -- name: get_job
 SELECT * FROM rota.job WHERE id = %(id)s
 
--- name: job_result
--- A job's status and return value, from rota.job or, once archived, the archive.
--- The value comes as JSON text, decoded by Rota whatever the connection's loaders.
-SELECT status, result::text AS result FROM rota.job WHERE id = %(id)s
+-- name: job_outcome
+-- What became of a job, from rota.job or, once archived, the archive. JSON comes
+-- as text, decoded by Rota whatever loaders the connection has (Django's leave
+-- jsonb as text).
+SELECT status, payload::text AS payload, result::text AS result, errors::text AS errors,
+       attempts, locked_by, created_at, started_at, finished_at
+FROM rota.job WHERE id = %(id)s
 UNION ALL
-SELECT status, result::text FROM rota.job_archive WHERE id = %(id)s
+SELECT status, payload::text, result::text, errors::text, attempts, locked_by, created_at,
+       started_at, finished_at
+FROM rota.job_archive WHERE id = %(id)s
 LIMIT 1
 
 -- name: queue_age

@@ -29,6 +29,13 @@ def register(sub: Any) -> None:
         metavar="MODULE",
         help="modules that register handlers with @rota.handler",
     )
+    p.add_argument(
+        "--django",
+        action="store_true",
+        help="run the Django project's tasks (DJANGO_SETTINGS_MODULE; TASKS with"
+        " rota.contrib.django.RotaBackend); the database is Django's unless"
+        " ROTA_DATABASE_URL is set",
+    )
     p.add_argument("--types", help="comma-separated job types to claim (default: all handled)")
     p.add_argument("--concurrency", type=positive_int, default=10)
     p.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
@@ -99,10 +106,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         claim_ahead=not args.no_claim_ahead,
     )
+    dsn = database_url()
+    if args.django:
+        if args.isolation == "process":
+            raise UsageError("--django runs tasks in threads: leave out --isolation process")
+        django_dsn = _django()  # before the handler modules: they may use its models
+        dsn = dsn or django_dsn
     load_handlers(args.handlers)
     if types is not None:
         check_served(types)
-    Worker(database_url(), settings).run(install_signals=True)
+    Worker(dsn, settings).run(install_signals=True)
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
         # Sync handlers still running past the grace period were given back;
         # their threads cannot be interrupted, and must not hold the exit.
@@ -110,6 +123,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         os._exit(0)
     return 0
+
+
+def _django() -> str:
+    """Set the Django project up and register its task queues' handlers; the URL of
+    its database."""
+    if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        raise UsageError("--django needs DJANGO_SETTINGS_MODULE (the project's settings module)")
+    try:
+        from rota.contrib.django import setup_worker
+    except ImportError as exc:
+        raise UsageError(f"--django needs Django 6 (pip install 'rota[django]'): {exc}") from None
+    _, dsn = setup_worker()
+    return dsn
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""Integrations with other frameworks, each imported only by those who use it."""

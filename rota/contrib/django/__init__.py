@@ -1,0 +1,208 @@
+"""Django 6's tasks framework on Rota: ``rota.contrib.django.RotaBackend``.
+
+    TASKS = {"default": {"BACKEND": "rota.contrib.django.RotaBackend"}}
+
+A ``@task`` function's ``.enqueue()`` inserts a Rota job through Django's own
+database connection, so inside ``transaction.atomic()`` the job commits with
+the view's rows (and is gone with their rollback). ``rota worker --django``
+runs the tasks with Django set up; ``.get_result(id)`` and ``result.refresh()``
+read the job's row (status, return value, every attempt's error).
+
+Rota's terms: a queue is a job type, ``django:<queue name>``; Django's
+priority (-100 to 100, higher first) maps onto Rota's (0 to 9, 0 first) in ten
+bands of about 20 (Django's default 0 is Rota's 5); ``run_after`` is the job's
+``run_at``. The payload holds the task's path and its JSON arguments. Options:
+``DATABASE`` (the Django database alias to enqueue through, default
+``default``) and ``MAX_ATTEMPTS`` (default: Rota's, 20, with backoff; 1 makes a
+task that raises FAILED at once, as Django's immediate backend does).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+import psycopg
+from django.db import close_old_connections, connections
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import (
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+)
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+from psycopg.conninfo import make_conninfo
+
+import rota
+from rota import lookup
+from rota.errors import InvalidInput, JobNotFound
+from rota.jobs import Job, Status
+
+TYPE_PREFIX = "django:"
+
+_STATUSES = {
+    Status.READY: TaskResultStatus.READY,
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.DONE: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    Status.DEAD: TaskResultStatus.FAILED,
+    Status.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+def job_type(queue_name: str) -> str:
+    """The Rota job type of a Django task queue."""
+    return f"{TYPE_PREFIX}{queue_name}"
+
+
+def rota_priority(priority: int) -> int:
+    """Django's priority (-100 to 100, higher runs first) as Rota's (0 to 9, 0 first)."""
+    return min(9, math.floor((100 - priority) / 20))
+
+
+class RotaBackend(BaseTaskBackend):
+    """A Django task backend that enqueues Rota jobs and reads their rows."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database = self.options.get("DATABASE", "default")
+        self.max_attempts = self.options.get("MAX_ATTEMPTS")
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        payload = {"task": task.module_path, "args": args, "kwargs": kwargs}
+        job_id = rota.enqueue(
+            connections[self.database],
+            job_type(task.queue_name),
+            payload,
+            run_at=task.run_after,
+            priority=rota_priority(task.priority),
+            max_attempts=self.max_attempts,
+        )
+        result = TaskResult(
+            task=task,
+            id=str(job_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        if not str(result_id).isdigit():
+            raise TaskResultDoesNotExist(result_id)
+        try:
+            row = lookup.outcome(connections[self.database], int(result_id))
+        except JobNotFound:
+            raise TaskResultDoesNotExist(result_id) from None
+        return self._result(str(result_id), row)
+
+    def _result(self, result_id: str, row: dict[str, Any]) -> TaskResult:
+        payload = row["payload"]
+        task = import_string(payload["task"])
+        errors = [
+            TaskError(exception_class_path=_exception_path(e["error"]), traceback=e["error"])
+            for e in row["errors"] or []
+        ]
+        result = TaskResult(
+            task=task,
+            id=result_id,
+            status=_STATUSES[row["status"]],
+            enqueued_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            last_attempted_at=row["started_at"],
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=errors,
+            # Rota keeps the worker of the last attempt only: once per attempt.
+            worker_ids=[row["locked_by"]] * row["attempts"] if row["locked_by"] else [],
+        )
+        object.__setattr__(result, "_return_value", row["result"])
+        return result
+
+
+def _exception_path(error: str) -> str:
+    """The exception class of an error as Rota writes it (``Type: message``)."""
+    name = error.partition(":")[0].strip()
+    return f"builtins.{name}" if isinstance(getattr(builtins, name, None), type) else name
+
+
+def run_task(job: Job) -> Any:
+    """The handler of every Django queue: call the task with its arguments, with
+    Django's connections handled as around a request."""
+    close_old_connections()
+    try:
+        payload = job.payload
+        task = import_string(payload["task"])
+        args, kwargs = payload["args"], payload["kwargs"]
+        if task.takes_context:
+            row = {
+                "status": Status.RUNNING,
+                "payload": payload,
+                "result": None,
+                "errors": None,
+                "attempts": job.attempts,
+                "locked_by": job.locked_by,
+                "created_at": job.created_at,
+                "started_at": job.started_at,
+                "finished_at": None,
+            }
+            context = TaskContext(task_result=task.get_backend()._result(str(job.id), row))
+            return normalize_json(task.call(context, *args, **kwargs))
+        return normalize_json(task.call(*args, **kwargs))
+    finally:
+        close_old_connections()
+
+
+def setup_worker() -> tuple[list[str], str]:
+    """Set Django up (DJANGO_SETTINGS_MODULE) for `rota worker --django` and register
+    the handler of every queue of every Rota backend in TASKS. Returns the job
+    types and the URL of the backends' database (for a worker given none)."""
+    import django
+
+    django.setup()
+    types: list[str] = []
+    alias = None
+    for name in task_backends:
+        backend = task_backends[name]
+        if isinstance(backend, RotaBackend):
+            alias = alias or backend.database
+            for queue in sorted(backend.queues or {DEFAULT_TASK_QUEUE_NAME}):
+                types.append(job_type(queue))
+                rota.handler(job_type(queue))(run_task)
+    if not types:
+        raise InvalidInput("no task backend in Django's TASKS is rota.contrib.django.RotaBackend")
+    return sorted(set(types)), database_url(alias or "default")
+
+
+def database_url(alias: str) -> str:
+    """A libpq connection string for one of Django's databases."""
+    params = connections[alias].get_connection_params()
+    known = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
+    return make_conninfo(
+        "", **{k: v for k, v in params.items() if k in known and isinstance(v, str | int)}
+    )

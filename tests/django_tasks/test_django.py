@@ -1,0 +1,187 @@
+"""rota.contrib.django.RotaBackend: Django 6 tasks enqueued as Rota jobs in
+Django's transaction, run by a Rota worker with Django set up, their results
+read through Django's API; and `rota worker --django` running the example
+project's task as users run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.tasks import TaskResultStatus, task_backends
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.test import Client
+
+import rota
+from rota.contrib.django import rota_priority, setup_worker
+from rota_worker import Worker, WorkerSettings
+from tests.acceptance.procs import wait_for
+from tests.django_tasks.conftest import PROJECT
+
+
+def jobs(url: str) -> list[dict[str, Any]]:
+    with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute("SELECT * FROM rota.job ORDER BY id").fetchall()
+
+
+@pytest.fixture
+def worker(shop: str) -> Iterator[Worker]:
+    """A Rota worker of the project's task queues, in a thread of this process."""
+    types, dsn = setup_worker()
+    assert types == ["django:default", "django:emails"]
+    settings = WorkerSettings(
+        concurrency=2, run_reaper=False, run_scheduler=False, poll_interval_seconds=0.2,
+        types=types,
+    )  # fmt: skip
+    made = Worker(dsn, settings)
+    thread = threading.Thread(target=made.run, kwargs={"install_signals": False})
+    thread.start()
+    yield made
+    made.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_a_task_and_its_order_commit_together_or_not_at_all(shop: str) -> None:
+    from orders.models import Order
+    from orders.tasks import send_receipt
+
+    with transaction.atomic():
+        order = Order.objects.create(email="a@example.com", total_cents=1250)
+        kept = send_receipt.enqueue(order.id)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        lost = Order.objects.create(email="b@example.com", total_cents=1)
+        send_receipt.enqueue(lost.id)
+        rota.enqueue(connection, "plain.rota.job")  # Django's connection, joined
+        raise RuntimeError("card declined")
+    [row] = jobs(shop)
+    assert (str(row["id"]), row["type"]) == (kept.id, "django:emails")
+    assert row["payload"] == {
+        "task": "orders.tasks.send_receipt",
+        "args": [order.id],
+        "kwargs": {},
+    }
+    assert kept.status == TaskResultStatus.READY
+    assert [o.email for o in Order.objects.all()] == ["a@example.com"]
+
+
+def test_priority_run_after_and_queue_name_in_rotas_terms(shop: str) -> None:
+    from orders.tasks import refund
+
+    when = datetime(2031, 1, 2, 3, 4, tzinfo=UTC)
+    result = refund.using(priority=-50, run_after=when, queue_name="emails").enqueue(7)
+    [row] = jobs(shop)
+    assert (row["type"], row["priority"], row["run_at"]) == ("django:emails", 7, when)
+    assert row["max_attempts"] == 3  # OPTIONS MAX_ATTEMPTS
+    assert refund.get_result(result.id).status == TaskResultStatus.READY
+    bands = {p: rota_priority(p) for p in (100, 81, 80, 20, 0, -1, -80, -81, -100)}
+    assert bands == {100: 0, 81: 0, 80: 1, 20: 4, 0: 5, -1: 5, -80: 9, -81: 9, -100: 9}
+
+
+def test_the_worker_runs_tasks_and_their_results_are_read_through_django(
+    shop: str, worker: Worker
+) -> None:
+    from orders.models import Order
+    from orders.tasks import refund, send_receipt
+
+    order = Order.objects.create(email="c@example.com", total_cents=990)
+    sent = send_receipt.enqueue(order.id)
+    refunded = refund.enqueue(order.id)
+    for result in (sent, refunded):
+        wait_for(lambda r=result: (r.refresh(), r.is_finished)[1], what=f"task {result.id}")
+    assert sent.status == TaskResultStatus.SUCCESSFUL
+    assert sent.return_value == {"to": "c@example.com", "total": 9.9}
+    assert (sent.attempts, sent.errors) == (1, [])
+    assert sent.worker_ids == [worker.worker_id]
+    assert sent.enqueued_at <= sent.started_at <= sent.finished_at
+    assert refunded.status == TaskResultStatus.SUCCESSFUL
+    assert refunded.return_value == f"order {order.id} refunded on attempt 2"
+    [error] = refunded.errors
+    assert error.exception_class is ConnectionError
+    assert error.traceback.startswith("ConnectionError: payment provider timed out")
+
+
+def test_a_task_that_fails_every_attempt_is_failed_with_every_error(
+    shop: str, worker: Worker
+) -> None:
+    from orders.tasks import send_receipt
+
+    missing = send_receipt.enqueue(424242)  # no such order: Order.DoesNotExist each time
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("UPDATE rota.job SET run_at = now() WHERE id = %s", (int(missing.id),))
+    result = send_receipt.get_result(missing.id)
+    wait_for(
+        lambda: (result.refresh(), result.is_finished)[1] or _due_now(shop),
+        what="the task to fail three times",
+    )
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == 3 and result.attempts == 3
+    assert {e.exception_class_path for e in result.errors} == {"DoesNotExist"}
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = result.return_value
+    with pytest.raises(TaskResultDoesNotExist):
+        send_receipt.get_result("999999")
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result("not-an-id")
+
+
+def _due_now(url: str) -> bool:
+    """Retries wait for their backoff: bring the next attempt forward (returns False)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE rota.job SET run_at = now() WHERE status = 'ready'")
+    return False
+
+
+def test_the_example_projects_views_place_an_order_and_read_its_receipt(
+    shop: str, worker: Worker
+) -> None:
+    client = Client()
+    placed = client.post(
+        "/orders", json.dumps({"email": "d@example.com", "total_cents": 500}), "application/json"
+    ).json()
+
+    def receipt() -> dict[str, Any]:
+        return client.get(f"/orders/receipt/{placed['receipt']}").json()
+
+    done = wait_for(lambda: receipt() if receipt()["status"] == "SUCCESSFUL" else None)
+    assert done["receipt"] == {"to": "d@example.com", "total": 5.0}
+
+
+def test_rota_worker_django_runs_the_projects_tasks_on_djangos_database(shop: str) -> None:
+    from orders.models import Order
+    from orders.tasks import send_receipt
+
+    order = Order.objects.create(email="e@example.com", total_cents=100)
+    result = send_receipt.enqueue(order.id)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTA_", "PG"))}
+    env.update(PYTHONPATH=str(PROJECT), DJANGO_SETTINGS_MODULE="shop.settings")
+    argv = [sys.executable, "-m", "rota", "worker", "--django", "--no-scheduler"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (result.refresh(), result.is_finished)[1], what="the worker to run it")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 0, output
+    assert "types=django:default,django:emails" in output
+    assert result.return_value == {"to": "e@example.com", "total": 1.0}
+
+
+def test_rota_worker_django_refuses_a_project_it_cannot_run(shop: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    argv = [sys.executable, "-m", "rota", "worker", "--django"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "rota: error: --django needs DJANGO_SETTINGS_MODULE (the project's settings module)"
+    ]
