@@ -140,6 +140,8 @@ class ClaimLoop:
         """Whether the jobs of a claim whose answer was lost are still to give back."""
         self._lead = Lane(None, lead=True)
         self._lanes: list[Lane] = []
+        self.clock: Callable[[], float] = time.monotonic
+        """The clock of the waits of jobs claimed ahead (a test sets its own)."""
         self.last_tick = time.monotonic()
         """When the loop last turned (for /healthz)."""
 
@@ -227,7 +229,7 @@ class ClaimLoop:
     def give_back_stale(self, now: float | None = None) -> int:
         """Give back the jobs claimed ahead that have waited too long for a slot
         (the oldest wait first)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         stale = 0
         while self.waiting and now - self.waiting[0].held_at >= AHEAD_MAX_WAIT_SECONDS:
             self._never_started(self.waiting.popleft())
@@ -277,7 +279,7 @@ class ClaimLoop:
     async def _claim_and_carry(self, lane: Lane) -> None:
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
-            self.give_back_stale(self.last_tick)
+            self.give_back_stale()
             if not await self._ready_to_claim(lane):
                 continue
             free = self.free_slots()

@@ -208,7 +208,8 @@ def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:
     if why is Stop.SHUTDOWN:
         return Attempt(job.id, job.attempts, Outcome.RELEASED, error="Released: worker shut down")
     if why is Stop.TIMEOUT:
-        error = f"Timeout: the attempt ran longer than its {execution.timeout_seconds:g}s limit"
+        limit = execution.timeout_seconds
+        error = f"Timeout: the attempt ran longer than its {limit or 0:g}s limit"
     else:  # the handler raised Cancelled on its own
         error = f"Cancelled: job {job.id} stopped itself"
     return Attempt(

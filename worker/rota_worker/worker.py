@@ -46,7 +46,7 @@ from rota.scheduler import Scheduler
 from rota.services import Service, start_thread
 from rota_worker.attempts import State
 from rota_worker.claiming import ClaimLoop
-from rota_worker.execute import Execution, Stop, run_attempt, timeout_of
+from rota_worker.execute import Execution, Stop, outcome_of_error, run_attempt, timeout_of
 from rota_worker.heartbeat import Heartbeat
 from rota_worker.leases import LeaseKeeper
 from rota_worker.link import Backoff, Deadlines, Link, first
@@ -214,9 +214,15 @@ class Worker:
         execution.task = asyncio.create_task(self._execute(execution, handler))
 
     async def _execute(self, execution: Execution, handler: Handler | None) -> Attempt:
-        attempt = await run_attempt(
-            execution, handler, self.context, self.runner, self.settings.backoff
-        )
+        backoff = self.settings.backoff
+        try:
+            attempt = await run_attempt(execution, handler, self.context, self.runner, backoff)
+        except Exception as exc:  # a fault of the worker's own: the slot must not be lost
+            log.exception(
+                "job %s attempt %s: the attempt failed outside its handler", *execution.key
+            )
+            failed = outcome_of_error(execution.job, exc, backoff)
+            attempt = dataclasses.replace(failed, type=execution.job.type, owner=execution)
         execution.move(State.ENDED)
         self.outcomes.add(attempt)
         self.claims.attempt_ended(attempt)
