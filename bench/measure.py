@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 """The repository: worker processes run here so `bench.*` modules import."""
 
 POLL_SECONDS = 0.05
+PYTHON = sys.executable
+"""The interpreter of the worker processes spawned (bench.workers_ab sets another)."""
 _logs: dict[int, IO[bytes]] = {}
 
 
@@ -138,7 +140,7 @@ def spawn(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.
     """Start a Python worker process in the repository; its log goes to a temporary file."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
     process = subprocess.Popen(
-        [sys.executable, *args],
+        [PYTHON, *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.DEVNULL,

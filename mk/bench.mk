@@ -9,6 +9,7 @@ BENCH_PEERS := pgqueuer==1.6.0 procrastinate==3.10.0 asyncpg==0.32.0 uvloop==0.2
 BENCH_STAMP := $(VENV)/.bench-$(shell echo '$(BENCH_PEERS)' | cksum | cut -d' ' -f1)
 BENCH_ARGS ?=
 SOAK_ARGS ?=
+CHURN_ARGS ?=
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt $(BENCH_PEERS)
@@ -26,4 +27,8 @@ soak-load: $(STAMP) ## steady enqueue and drain for 20 minutes with archiving on
 	mkdir -p bench/results
 	$(BIN)/python -m bench.soak_load --json bench/results/soak-load.json $(SOAK_ARGS)
 
-.PHONY: bench bench-findings soak-load
+bench-churn: $(BENCH_STAMP) ## Rota and pgqueuer under churn, with a REPEATABLE READ snapshot held, then released (about 15 minutes; CHURN_ARGS="--scale 0.5", "--quick" or "--help")
+	mkdir -p bench/results
+	$(BIN)/python -m bench.churn --json bench/results/churn.json $(CHURN_ARGS)
+
+.PHONY: bench bench-churn bench-findings soak-load

@@ -110,3 +110,22 @@ def noted(job: rota.Job) -> None:
     """Notes when it starts (the order of starts shows priorities)."""
     _ran(job)
     time.sleep(0.01)
+
+
+@rota.handler("asyncio.tools")
+async def asyncio_tools(job: rota.Job) -> None:
+    """A time limit of its own (asyncio.timeout) and a TaskGroup, each noted as it
+    ends: both must work whether the worker starts its tasks eagerly or not."""
+    try:
+        async with asyncio.timeout(0.05):
+            await asyncio.Event().wait()
+    except TimeoutError:
+        _ran(job, "own timeout")
+
+    async def child(n: int) -> int:
+        await asyncio.sleep(0.01 * n)
+        return n
+
+    async with asyncio.TaskGroup() as group:
+        children = [group.create_task(child(n)) for n in range(3)]
+    _ran(job, f"task group {sum(c.result() for c in children)}")

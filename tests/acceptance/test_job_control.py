@@ -271,3 +271,30 @@ def test_bad_job_control_input_is_refused_and_writes_nothing(
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert state() == before
     assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", known) == "ready"
+
+
+def test_handlers_keep_asyncio_timeout_and_task_groups_and_a_burst_of_no_ops_drains(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    """Whatever the worker's task factory (eager on Python 3.12+ by default): a
+    handler's asyncio.timeout() and TaskGroup work, the worker's job timeout
+    still stops a hung handler, and no-op jobs that end as they start drain at a
+    high concurrency (each ended attempt starts the next without nesting)."""
+    tools = rota.enqueue_many(db_url, [rota.NewJob("asyncio.tools") for _ in range(3)])
+    hung = rota.enqueue(db_url, "hang.async", max_attempts=1, timeout=0.5)
+    rota.enqueue_many(db_url, [rota.NewJob("noop", {"n": i}) for i in range(3000)])
+    worker = WorkerProcess(db_url, "--concurrency", "500", log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: count(conn, "status = 'done'") == 3003, what="the jobs", timeout=120)
+        wait_for(lambda: count(conn, "id = %s AND status = 'dead'", hung), what="the timeout")
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    notes = conn.execute(
+        "SELECT note, count(*) AS n FROM runs WHERE job_id = ANY(%s) GROUP BY note ORDER BY note",
+        (tools,),
+    ).fetchall()
+    assert [(r["note"], r["n"]) for r in notes] == [("own timeout", 3), ("task group 3", 3)]
+    assert scalar(conn, "SELECT last_error FROM rota.job WHERE id = %s", hung).startswith(
+        "Timeout:"
+    )
+    assert "Traceback" not in worker.output()

@@ -116,9 +116,12 @@ def test_load_soak_samples_every_field(tmp_path: Path) -> None:
     assert "| min | table MB |" in printed
 
 
-def test_load_soak_refuses_a_bad_rate() -> None:
+@pytest.mark.parametrize(
+    ("module", "flag"), [("bench.soak_load", "--rate"), ("bench.churn", "--scale")]
+)
+def test_the_load_benchmarks_refuse_a_bad_rate_or_scale(module: str, flag: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.soak_load", "--rate", "0"],
+        [sys.executable, "-m", module, flag, "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -151,3 +154,49 @@ def test_plan_findings_show_every_hot_statement(tmp_path: Path) -> None:
             assert "Execution Time" in entry[mode]["plan"]
         assert len(entry["calls_ms"]) == 20 and len(entry["executed_plans"]) == 20
         assert set(entry["prepared"]) == {"generic_plans", "custom_plans"}
+
+
+CHURN_FIGURES = {
+    "jobs", "p50_ms", "p99_ms", "max_ms", "last_third_p99_ms", "claims", "claims_per_s",
+    "claim_mean_ms", "claim_last_mean_ms", "backlog_max", "backlog_end", "total_mb_end",
+    "total_mb_max", "table_mb_end", "index_mb_end", "other_mb_end", "dead_tuples_max",
+    "dead_tuples_end", "autovacuums", "server_cpu_s_per_1000", "worker_cpu_s_per_1000",
+}  # fmt: skip
+
+
+def test_churn_benchmark_produces_every_figure_of_every_phase(tmp_path: Path) -> None:
+    out = tmp_path / "churn.json"
+    peers = ("pgqueuer", "uvloop")
+    with_peer = all(_installed(name) for name in peers)
+    printed = run_module(
+        "bench.churn", "--quick", *([] if with_peer else ["--only-rota"]), "--json", str(out)
+    )
+    result = json.loads(out.read_text())
+    # The load is derived from the drains it measured first.
+    assert result["capacities"]["rota"] > 0 and result["rate"] > 0
+    queues = [run["queue"] for run in result["runs"]]
+    assert queues == (["rota", "pgqueuer-uvloop"] if with_peer else ["rota"])
+    for run in result["runs"]:
+        assert run["sent"] > 0 and run["samples"]
+        assert set(run["phases"]) == {"steady", "held", "released"}
+        for phase in run["phases"].values():
+            assert set(phase) >= CHURN_FIGURES
+            assert phase["jobs"] > 0 and phase["p99_ms"] >= phase["p50_ms"] > 0
+            # The claim statement is found in pg_stat_statements for every queue.
+            assert phase["claims"] > 0 and phase["claim_mean_ms"] > 0
+            assert phase["total_mb_end"] > 0
+        assert "back_within_1_5x_after_s" in run["phases"]["released"]
+        # Where the server's time went in each phase, for the notes.
+        assert set(run["top_statements"]) == {"steady", "held", "released"}
+        assert all(run["top_statements"].values())
+    assert [g["goal"] for g in result["goals"]][:1] == ["held p99 / own steady p99"]
+    assert "| enqueue-to-start p99 (ms) | held |" in printed
+    assert "| queue | goal | value | target | met |" in printed
+
+
+def _installed(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True

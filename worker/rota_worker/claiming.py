@@ -128,6 +128,8 @@ class ClaimLoop:
         """Attempts started whose handler has not ended."""
         self._fast_in_a_row = 0
         self._parked: asyncio.Future[None] | None = None
+        self._starting = False
+        """Inside start_waiting (an attempt that ends as it starts calls it again)."""
         self.jobs_notified = threading.Event()
         """Set by the listener thread when a job that can run now was enqueued (and
         when the worker stops): an idle claim waits for it."""
@@ -211,20 +213,29 @@ class ClaimLoop:
 
     def start_waiting(self) -> None:
         """Start waiting jobs while slots are free (at shutdown: give them back)."""
-        # One that waited too long is given back, never started: its lease may be
-        # gone (this process was stopped, say) and the job run elsewhere.
-        self.give_back_stale()
-        limit = self.settings.concurrency
-        while self.waiting and (self.active < limit or self._stopping.is_set()):
-            execution = self.waiting.popleft()
-            if self._stopping.is_set():
-                execution.stop(Stop.SHUTDOWN)
-            if execution.stopped is not None:
-                self._never_started(execution)
-                continue
-            self.active += 1
-            execution.move(State.RUNNING)
-            self._begin(execution)
+        if self._starting:
+            # An attempt started eagerly ended inside `_begin` (its handler never
+            # waited): the call that started it goes on with the next, instead of
+            # one nested call per job.
+            return
+        self._starting = True
+        try:
+            # One that waited too long is given back, never started: its lease may be
+            # gone (this process was stopped, say) and the job run elsewhere.
+            self.give_back_stale()
+            limit = self.settings.concurrency
+            while self.waiting and (self.active < limit or self._stopping.is_set()):
+                execution = self.waiting.popleft()
+                if self._stopping.is_set():
+                    execution.stop(Stop.SHUTDOWN)
+                if execution.stopped is not None:
+                    self._never_started(execution)
+                    continue
+                self.active += 1
+                execution.move(State.RUNNING)
+                self._begin(execution)
+        finally:
+            self._starting = False
 
     def give_back_stale(self, now: float | None = None) -> int:
         """Give back the jobs claimed ahead that have waited too long for a slot

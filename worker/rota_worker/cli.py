@@ -58,6 +58,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="claim only into free slots, never the next batch while short jobs run",
     )
+    p.add_argument(
+        "--no-eager-tasks",
+        action="store_true",
+        help="start every task on the event loop's next turn (Python 3.12+ starts"
+        " an attempt's handler at once by default)",
+    )
     p.add_argument("--no-scheduler", action="store_true")
     p.add_argument("--no-reaper", action="store_true")
     p.add_argument("--metrics-port", type=int, metavar="PORT")
@@ -105,6 +111,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         run_scheduler=not args.no_scheduler,
         metrics_port=args.metrics_port,
         claim_ahead=not args.no_claim_ahead,
+        eager_tasks=not args.no_eager_tasks,
     )
     dsn = database_url()
     if args.django:

@@ -93,6 +93,12 @@ class WorkerSettings:
     rota_worker_loop_stalls_total (a handler blocking it: time.sleep in an async def).
     Heartbeats go on from their own thread meanwhile."""
 
+    eager_tasks: bool = True
+    """On Python 3.12 and later, run the event loop with asyncio's eager task
+    factory: an attempt's handler starts inside the call that starts it, and one
+    that never waits ends there, without a turn of the event loop. False (and
+    Python 3.11): every task starts on the loop's next turn."""
+
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise InvalidInput("concurrency must be at least 1")

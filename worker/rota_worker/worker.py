@@ -67,6 +67,19 @@ LINKS = ("claim-ahead", "flush", "registry")
 heartbeat's (each loop owns one)."""
 
 
+EAGER_TASK_FACTORY: Any = getattr(asyncio, "eager_task_factory", None)
+"""asyncio's eager task factory (Python 3.12 and later; None before)."""
+
+
+def _eager_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop whose tasks take their first step inside create_task: a
+    no-op handler's attempt ends there, with no turn of the loop in between (see
+    WorkerSettings.eager_tasks)."""
+    loop = asyncio.new_event_loop()
+    loop.set_task_factory(EAGER_TASK_FACTORY)
+    return loop
+
+
 class Worker:
     def __init__(
         self,
@@ -124,7 +137,11 @@ class Worker:
         self.claims.end_idle_wait()
 
     def run(self, install_signals: bool = True) -> None:
-        asyncio.run(self.run_async(install_signals=install_signals))
+        coro = self.run_async(install_signals=install_signals)
+        if self.settings.eager_tasks and EAGER_TASK_FACTORY is not None:
+            asyncio.run(coro, loop_factory=_eager_loop)  # type: ignore[call-arg,unused-ignore]
+        else:
+            asyncio.run(coro)
 
     async def run_async(self, install_signals: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
@@ -214,6 +231,9 @@ class Worker:
         execution.task = asyncio.create_task(self._execute(execution, handler))
 
     async def _execute(self, execution: Execution, handler: Handler | None) -> Attempt:
+        # Started eagerly, this runs inside create_task, before `_begin` can assign
+        # the task: the attempt's clock and its stop need it from the first step.
+        execution.task = asyncio.current_task()
         backoff = self.settings.backoff
         try:
             attempt = await run_attempt(execution, handler, self.context, self.runner, backoff)

@@ -1,0 +1,133 @@
+"""`python -m bench.workers_ab`: Rota's drain with worker variants side by side.
+
+One durable PostgreSQL server; each variant is a Python interpreter (any with
+Rota installed, e.g. a virtualenv of another Python version) and extra `rota
+worker` flags. In every round each variant drains the same number of no-op
+jobs with 1 and 2 processes, the variants taking turns (each round starts with
+another), and the table gives the median of the rounds: jobs/s, server and
+worker CPU per 1,000 jobs. It measures what a change to the worker's own costs
+buys, against the worker without it, in one run.
+
+    python -m bench.workers_ab --variant "3.11=.venv/bin/python" \\
+        --variant "3.13=/path/to/venv313/bin/python" \\
+        --variant "3.13 lazy=/path/to/venv313/bin/python --no-eager-tasks"
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+from bench import measure, rota_bench
+from bench.server import Server
+
+
+def parse_variant(text: str) -> tuple[str, str, list[str]]:
+    """ "label=python [flags...]" -> (label, python, flags)."""
+    label, sep, rest = text.partition("=")
+    words = shlex.split(rest)
+    if not sep or not label or not words:
+        raise argparse.ArgumentTypeError(f"--variant wants LABEL=PYTHON [FLAGS], not {text!r}")
+    return label, words[0], words[1:]
+
+
+def _version(python: str) -> str:
+    done = subprocess.run(
+        [python, "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.workers_ab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--variant", action="append", type=parse_variant, required=True)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    if args.jobs <= 0 or args.rounds <= 0:
+        parser.error("--jobs and --rounds must be positive")
+
+    from rota.testing import EmbeddedPostgres
+
+    names = itertools.count()
+    results: dict[str, dict[int, list[measure.Drain]]] = {
+        label: {1: [], 2: []} for label, _, _ in args.variant
+    }
+    versions = {label: _version(python) for label, python, _ in args.variant}
+    with EmbeddedPostgres(durable=True) as pg:
+        server = Server(pg.data, pg.url())
+        try:
+            for round_ in range(args.rounds):
+                shift = round_ % len(args.variant)
+                for label, python, flags in args.variant[shift:] + args.variant[:shift]:
+                    for processes in (1, 2):
+                        print(
+                            f"... round {round_ + 1}: {label}, {processes} process(es)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        measure.PYTHON = python
+                        rota_bench.EXTRA_WORKER_ARGS[:] = flags
+                        try:
+                            drain = rota_bench.drain(
+                                lambda name: pg.create_database(f"{name}_{next(names)}"),
+                                args.jobs,
+                                processes,
+                                args.concurrency,
+                                server,
+                            )
+                        finally:
+                            measure.PYTHON = sys.executable
+                            rota_bench.EXTRA_WORKER_ARGS[:] = []
+                        results[label][processes].append(drain)
+        finally:
+            server.close()
+    rows = []
+    print(
+        f"\n{args.jobs:,} no-op jobs per drain, concurrency {args.concurrency}, "
+        f"{args.rounds} round(s), median of the rounds; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end\n"
+    )
+    print("| variant | Python | processes | jobs/s | server CPU s/1,000 | worker CPU s/1,000 |")
+    print("|---|---|---:|---:|---:|---:|")
+    for label, by_processes in results.items():
+        for processes, drains in by_processes.items():
+            row = {
+                "variant": label,
+                "python": versions[label],
+                "processes": processes,
+                "rates": [d.rate for d in drains],
+                "rate": statistics.median(d.rate for d in drains),
+                "server_cpu": statistics.median(d.cpu_seconds_per_1000_jobs or 0.0 for d in drains),
+                "worker_cpu": statistics.median(
+                    d.worker_cpu_seconds_per_1000_jobs or 0.0 for d in drains
+                ),
+            }
+            rows.append(row)
+            print(
+                f"| {label} | {row['python']} | {processes} | {row['rate']:,.0f} "
+                f"| {row['server_cpu']:.3f} | {row['worker_cpu']:.3f} |"
+            )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
