@@ -306,3 +306,7 @@ SELECT result, created_at FROM rota.job_effect WHERE job_key = %(key)s AND effec
 -- name: listen_jobs
 -- Idle workers wait for this channel (see the job_notify_ready trigger).
 LISTEN rota_jobs
+
+-- name: ping
+-- An answer from the server: a listener checks its quiet connection with it.
+SELECT 1

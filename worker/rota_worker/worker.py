@@ -158,6 +158,7 @@ class Worker:
             self.dsn,
             self.claims.jobs_notified,
             functools.partial(self.deadlines.connect, self.dsn, "listen"),
+            self.deadlines.watch,
         )
         listener.start()
         probes = self._serve_probes()
