@@ -21,7 +21,6 @@ from typing import Any
 
 from rota.errors import MAX_DELAY_SECONDS, InvalidInput
 
-SMALLINT_MAX = 2**15 - 1
 INTEGER_MAX = 2**31 - 1
 """Largest value of an int4 column (max_attempts, spread and deadline seconds, concurrency)."""
 BIGINT_MAX = 2**63 - 1

@@ -100,8 +100,7 @@ class WorkerSettings:
     Python 3.11): every task starts on the loop's next turn."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise InvalidInput("concurrency must be at least 1")
+        limits.whole(self.concurrency, "concurrency")  # the registry's int4 column
         limits.lease_seconds(self.lease_seconds, "--lease")
         limits.interval_seconds(self.poll_interval_seconds, "--poll-interval")
         limits.delay_seconds(self.grace_period_seconds, "--grace-period")
