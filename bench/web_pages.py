@@ -66,7 +66,23 @@ def fill(conn: psycopg.Connection[Any], jobs: int = 1_000_000) -> dict[str, int]
         "INSERT INTO rota.job_done_count (type, shard, count)"
         " SELECT type, 0, count(*) FROM rota.job WHERE status = 'done' GROUP BY type"
     )
+    # Seven days of minute samples, for the queue and per type, as the charts read them.
+    conn.execute(
+        "INSERT INTO rota.queue_sample"
+        " SELECT m, n * 100, n, 10, 5, 3.0 FROM generate_series("
+        "  date_trunc('minute', now()) - interval '7 days', date_trunc('minute', now()),"
+        "  interval '1 minute') WITH ORDINALITY AS s(m, n)"
+    )
+    conn.execute(
+        "INSERT INTO rota.queue_sample_type"
+        " SELECT m, 'type' || t, n * (10 + t), n, 1, 1 FROM generate_series("
+        "  date_trunc('minute', now()) - interval '7 days', date_trunc('minute', now()),"
+        "  interval '1 minute') WITH ORDINALITY AS s(m, n), generate_series(0, %(types)s - 1) AS t",
+        {"types": TYPES},
+    )
     conn.execute("VACUUM ANALYZE rota.job")
+    conn.execute("VACUUM ANALYZE rota.queue_sample")
+    conn.execute("VACUUM ANALYZE rota.queue_sample_type")
     row = conn.execute(
         "SELECT (SELECT max(id) FROM rota.job WHERE status = 'dead') AS dead,"
         " (SELECT max(id) FROM rota.job WHERE status = 'done') AS done"
@@ -80,6 +96,8 @@ def pages(ids: dict[str, int]) -> list[tuple[str, str]]:
     """(name, path) of every page, with the filters people use most."""
     return [
         ("overview", "/"),
+        ("overview 24h", "/?range=24h"),
+        ("overview 7d", "/?range=7d"),
         ("jobs", "/jobs"),
         ("jobs status=dead", "/jobs?status=dead"),
         ("jobs status=ready type", "/jobs?status=ready&type=type3"),

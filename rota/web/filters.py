@@ -213,6 +213,4 @@ def parse_priority(text: str | None) -> int:
         value = int((text or "").strip())
     except ValueError:
         raise InvalidInput(f"priority must be a whole number from 0 to 9, not {text!r}") from None
-    if not 0 <= value <= 9:
-        raise InvalidInput(f"priority must be from 0 (runs first) to 9, not {value}")
-    return value
+    return limits.priority(value)

@@ -108,12 +108,15 @@ def _throughput(
     return lines
 
 
-def overview(conn: Conn, now: datetime | None = None, span: str = "1h") -> Overview:
+def overview(
+    conn: Conn, now: datetime | None = None, span: str = "1h", drawn: bool = True
+) -> Overview:
+    """The queue now and, when `drawn`, its charts over `span` (a key of charts.RANGES)."""
     status = read_status(conn, now=now)
     paused = frozenset(r["type"] for r in fetch_all(conn, sql.query("web_paused_types")))
     chosen = charts.RANGES[span]
     params = {"now": now, "span": chosen.span, "bucket": chosen.bucket}
-    samples = fetch_all(conn, sql.query("web_chart_samples"), params)
+    samples = fetch_all(conn, sql.query("web_chart_samples"), params) if drawn else []
     ages = [(s["at"], float(s["oldest_ready_age_seconds"])) for s in samples]
     end = status.now
     worker_types = tuple(
@@ -124,7 +127,10 @@ def overview(conn: Conn, now: datetime | None = None, span: str = "1h") -> Overv
         status=status,
         paused=paused,
         throughput=charts.chart(
-            "Jobs finished per minute", _throughput(conn, samples, chosen, params), end, chosen
+            "Jobs finished per minute",
+            _throughput(conn, samples, chosen, params) if drawn else {},
+            end,
+            chosen,
         ),
         queue_age=charts.chart(
             "Oldest ready job's age, seconds", {"oldest ready": ages[1:]}, end, chosen

@@ -107,7 +107,7 @@ def build_routes(c: Console) -> list[Route | Mount]:
         who = c.viewer(request)
         check_params(request, set())
         with c.conn() as conn:
-            data = reads.overview(conn)
+            data = reads.overview(conn, drawn=False)
         return c.render(request, "types.html", who, o=data, nav="types")
 
     def workers_page(request: Request) -> Response:

@@ -45,8 +45,9 @@ def test_the_y_axis_has_four_round_steps():
 
 
 def _samples(conn, minutes: int, step: int = 1) -> None:
-    now = datetime.now(UTC)
-    for n, minute in enumerate(range(minutes, 0, -step)):
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    now -= timedelta(minutes=now.minute % step)  # samples on the buckets' first minutes
+    for n, minute in enumerate(range(minutes, -1, -step)):
         conn.execute(
             "INSERT INTO rota.queue_sample VALUES"
             " (date_trunc('minute', %s::timestamptz), %s, 0, 1, 0, 5)",
