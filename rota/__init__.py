@@ -13,6 +13,7 @@ from rota.errors import (
     Retry,
     RotaError,
 )
+from rota.flow import Limit, clear_limit, list_limits, set_limit
 from rota.handlers import Context, handler
 from rota.jobs import Job, NewJob, Outcome, Status
 from rota.lookup import result
@@ -25,6 +26,7 @@ __all__ = [
     "DatabaseUnavailable",
     "InvalidInput",
     "Job",
+    "Limit",
     "NewJob",
     "Outcome",
     "Permanent",
@@ -32,6 +34,7 @@ __all__ = [
     "RotaError",
     "Status",
     "cancel",
+    "clear_limit",
     "complete",
     "effect_result",
     "enqueue",
@@ -39,10 +42,12 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "handler",
+    "list_limits",
     "migrate",
     "pause",
     "paused",
     "record_effect",
     "result",
     "resume",
+    "set_limit",
 ]

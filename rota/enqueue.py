@@ -5,19 +5,22 @@ nothing is committed for you, so the job exists if and only if the caller's
 business rows do. The connection may be psycopg's (`AsyncConnection` for the
 async functions) or an ORM's (see rota.db). Each call is one round trip. A
 duplicate idempotency key never makes a second row; it gives the id of the row
-that holds the key.
+that holds the key. A key given with `unique_for` holds only for that many
+seconds after its first job, and one given with `unique_active` only while its
+job is ready or running (see `_enqueue_unique`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, LiteralString
 
 from psycopg.types.json import Jsonb
 
 from rota import limits, sql, tracing
-from rota.db import AConnOrDsn, ConnOrDsn, aconnection, afetch_all, connection, fetch_all
+from rota.db import AConnOrDsn, Conn, ConnOrDsn, aconnection, afetch_all, connection, fetch_all
 from rota.errors import InvalidInput
 from rota.handlers import registered
 from rota.jobs import NewJob
@@ -38,6 +41,8 @@ def enqueue(
     priority: int | None = None,
     timeout: float | None = None,
     group: str | None = None,
+    unique_for: float | None = None,
+    unique_active: bool = False,
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> int:
@@ -47,8 +52,23 @@ def enqueue(
     handler when one is registered in this process, else 0. `timeout` is the
     seconds each attempt may run (None: the handler's or the worker's default).
     `group` is the job's concurrency group (a tenant, an account), stored with it.
+    With `unique_for` (seconds) the key gives the existing id only within that
+    window after its first job; with `unique_active` only while that job is
+    ready or running.
     """
-    job = NewJob(job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
+    job = NewJob(
+        job_type,
+        payload,
+        key,
+        run_at,
+        delay,
+        max_attempts,
+        priority,
+        timeout,
+        group,
+        unique_for=unique_for,
+        unique_active=unique_active,
+    )
     return enqueue_many(conn_or_dsn, [job], settings=settings, now=now)[0]
 
 
@@ -59,20 +79,110 @@ def enqueue_many(
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> list[int]:
-    """Enqueue a batch in one statement; ids in input order."""
+    """Enqueue a batch in one statement; ids in input order.
+
+    Jobs with `unique_for` or `unique_active` take a statement each, in the
+    same transaction as the others.
+    """
     if not _jobs(jobs):
         return []
+    if any(_is_unique(job) for job in jobs):
+        return _enqueue_with_unique(conn_or_dsn, jobs, settings, now)
     statement, params = _statement(jobs, settings, now)
     with tracing.producer(jobs) as sent, connection(conn_or_dsn) as conn:
         if sent is not None:
             params["trace_context"] = sent.context
-        ids = _ids(fetch_all(conn, statement, params))
-        if None in ids:
-            found = fetch_all(conn, sql.query("ids_for_keys"), _missing(jobs, ids))
-            ids = _filled(jobs, ids, found)
+        ids = _plain_ids(conn, jobs, statement, params)
         if sent is not None:
-            sent.sent(_known(ids))
+            sent.sent(ids)
+    return ids
+
+
+def _plain_ids(
+    conn: Conn, jobs: Sequence[NewJob], statement: LiteralString, params: dict[str, Any]
+) -> list[int]:
+    ids = _ids(fetch_all(conn, statement, params))
+    if None in ids:
+        found = fetch_all(conn, sql.query("ids_for_keys"), _missing(jobs, ids))
+        ids = _filled(jobs, ids, found)
     return _known(ids)
+
+
+def _is_unique(job: NewJob) -> bool:
+    return job.unique_for is not None or job.unique_active
+
+
+def _enqueue_with_unique(
+    conn_or_dsn: ConnOrDsn, jobs: Sequence[NewJob], settings: QueueSettings, now: datetime | None
+) -> list[int]:
+    """A batch with unique jobs: the others in one statement, then one statement
+    per unique job, all in one transaction (the caller's, if it has one)."""
+    for job in jobs:
+        _checked(job, settings)
+    plain = [i for i, job in enumerate(jobs) if not _is_unique(job)]
+    handlers = registered()
+    ids: dict[int, int] = {}
+    with tracing.producer(jobs) as sent, connection(conn_or_dsn) as conn, _atomic(conn):
+        context = sent.context if sent is not None else None
+        if plain:
+            subset = [jobs[i] for i in plain]
+            statement, params = _statement(subset, settings, now)
+            params["trace_context"] = context
+            ids.update(zip(plain, _plain_ids(conn, subset, statement, params), strict=True))
+        for i, job in enumerate(jobs):
+            if i not in ids:
+                payload = _checked(job, settings)
+                params = _one_params(job, payload, _priority(job, handlers), settings, now)
+                params["trace_context"] = context
+                ids[i] = _enqueue_unique(conn, job, params)
+        ordered = [ids[i] for i in range(len(jobs))]
+        if sent is not None:
+            sent.sent(ordered)
+    return ordered
+
+
+@contextlib.contextmanager
+def _atomic(conn: Conn) -> Iterator[None]:
+    """The block as one transaction: its own on an autocommit connection; else
+    the caller's, which commits or rolls back the block with the rest."""
+    if not conn.autocommit:
+        yield
+        return
+    with conn.transaction():
+        yield
+
+
+def _enqueue_unique(conn: Conn, job: NewJob, params: dict[str, Any]) -> int:
+    """One job whose key is unique for a window or while active: its id, or the holder's.
+
+    The insert and the look for the holder are two statements, so the look
+    sees a holder that committed after the insert's snapshot; a holder that
+    finished in between leaves the key free, and the insert is tried again.
+    """
+    insert, holder = (
+        ("enqueue_job", "unique_active_holder")
+        if job.unique_active
+        else ("enqueue_unique_for", "unique_for_holder")
+    )
+    params.update(
+        idempotency_key=None,
+        unique_key=job.key,
+        unique_active=job.unique_active,
+        unique_for=job.unique_for,
+    )
+    for _ in range(_UNIQUE_TRIES):
+        rows = fetch_all(conn, sql.query(insert), params)
+        if rows:
+            return int(rows[0]["id"])
+        rows = fetch_all(conn, sql.query(holder), {"key": job.key})
+        if rows:
+            return int(rows[0]["id"])
+    raise InvalidInput(  # pragma: no cover - the key changed hands at every try
+        f"the key {job.key!r} was taken and freed concurrently {_UNIQUE_TRIES} times; enqueue again"
+    )
+
+
+_UNIQUE_TRIES = 5
 
 
 async def enqueue_async(
@@ -103,9 +213,13 @@ async def enqueue_many_async(
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> list[int]:
-    """`enqueue_many` for asyncio: one statement, ids in input order."""
+    """`enqueue_many` for asyncio: one statement, ids in input order.
+
+    Jobs with `unique_for` or `unique_active` are refused: `enqueue_many` takes them."""
     if not _jobs(jobs):
         return []
+    if any(_is_unique(job) for job in jobs):
+        raise InvalidInput("unique_for and unique_active are not supported by the async enqueue")
     statement, params = _statement(jobs, settings, now)
     with tracing.producer(jobs) as sent:
         async with aconnection(aconn_or_dsn) as conn:
@@ -199,6 +313,9 @@ def _one_params(
         "type": job.type,
         "payload": payload,
         "key": job.key,
+        "idempotency_key": job.key,
+        "unique_key": None,
+        "unique_active": False,
         "run_at": job.run_at,
         "delay": None if job.delay is None else float(job.delay),
         "max_attempts": job.max_attempts,
@@ -239,5 +356,7 @@ def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
         limits.name(job.key, "an idempotency key")
     if job.group is not None:
         limits.name(job.group, "a group")
+    if job.unique_for is not None or job.unique_active:
+        limits.unique(job.key, job.unique_for, job.unique_active)
     encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
     return Jsonb(job.payload, dumps=lambda _: encoded)

@@ -122,6 +122,8 @@ class Job:
     """Consecutive give-backs that did not count as attempts (outages, shutdowns)."""
     trace_context: dict[str, str] | None = None
     """The W3C trace context of the span that enqueued the job (OpenTelemetry)."""
+    group_key: str | None = None
+    """The job's concurrency group (a tenant, an account, a host), or None."""
     cancelled: StopSignal = dataclasses.field(default_factory=StopSignal, compare=False, repr=False)
     """Set when the attempt should stop: its timeout passed or somebody cancelled the job.
     A sync handler checks it (or calls `raise_if_cancelled`) between steps; an async
@@ -169,4 +171,10 @@ class NewJob:
     timeout: float | None = None
     """Seconds an attempt may run; None: the handler's or the worker's default."""
     group: str | None = None
-    """The job's concurrency group (a tenant, an account, a remote host), or none."""
+    """The job's concurrency group (see `rota.set_limit`'s group_concurrency)."""
+    unique_for: float | None = None
+    """Seconds after the first job with `key` during which the key gives that
+    job's id instead of making a new job; None: no window."""
+    unique_active: bool = False
+    """`key` is held only while its job is ready or running: once it has
+    finished, the key makes a new job."""

@@ -273,3 +273,36 @@ def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
             if isinstance(key, str):
                 text(key, f"a key in the {what}")
             pending.append((item, depth + 1))
+
+
+MAX_UNIQUE_SECONDS = MAX_DELAY_SECONDS
+"""The longest window `unique_for` accepts (ten years, as a delay)."""
+
+MAX_RATE = 10_000
+"""The most starts a rate limit counts per window: the claim keeps the time of
+each start of the window in the limit's row."""
+
+
+def unique(key: str | None, unique_for: Any, unique_active: Any) -> None:
+    """The uniqueness of a job beyond its key: a window, or while it is active."""
+    if not isinstance(unique_active, bool):
+        raise InvalidInput(f"unique_active must be True or False, not {unique_active!r}")
+    if key is None:
+        raise InvalidInput("unique_for and unique_active need a key")
+    if unique_for is not None and unique_active:
+        raise InvalidInput("give unique_for or unique_active, not both")
+    if unique_for is not None:
+        seconds = interval_seconds(unique_for, "unique_for")
+        if seconds > MAX_UNIQUE_SECONDS:
+            raise InvalidInput(
+                f"unique_for must be at most {MAX_UNIQUE_SECONDS:.0f} seconds, not {unique_for!r}"
+            )
+
+
+def limit_count(value: Any, what: str, most: int = 2**31 - 1) -> int | None:
+    """A limit's whole number of jobs (None: no such limit)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise InvalidInput(f"{what} must be a whole number from 1 to {most}, not {value!r}")
+    return value

@@ -403,6 +403,11 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
         'Whether workers claim nothing of a job type (1: paused; type "*": every type).',
         labels=["type"],
     )
+    limited = GaugeMetricFamily(
+        "rota_job_type_limited",
+        "Whether a limit of a job type holds some of its due jobs back (1: limited).",
+        labels=["type"],
+    )
     missed = CounterMetricFamily(
         "rota_schedule_missed_slots",
         "Slots a schedule missed while no scheduler ran, with the schedule's job type.",
@@ -438,7 +443,12 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
         expired.add_metric([], status.lease_expirations.total)
         for schedule in status.schedules:
             missed.add_metric([schedule.name, label(schedule.job_type)], schedule.missed_slots)
-    return [age, jobs, running, dead, deaths, expired, missed, paused, live_workers]
+        flags: dict[str, int] = {}
+        for limit in status.limits:
+            flags[label(limit.type)] = max(flags.get(label(limit.type), 0), int(limit.limited))
+        for job_type, flag in sorted(flags.items()):
+            limited.add_metric([job_type], flag)
+    return [age, jobs, running, dead, deaths, expired, missed, paused, limited, live_workers]
 
 
 class QueueCollector:

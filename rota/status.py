@@ -16,6 +16,7 @@ from typing import Any
 
 from rota import sql
 from rota.db import ConnOrDsn, connection, fetch_all
+from rota.flow import Limit, list_limits
 from rota.jobs import Status
 
 
@@ -36,6 +37,13 @@ class TypeStatus:
     cancelled: int = 0
     paused: bool = False
     """No worker claims jobs of this type (paused by type, or every type paused)."""
+    held: int = 0
+    """Due jobs a limit of the type holds back now (rota.flow)."""
+
+    @property
+    def limited(self) -> bool:
+        """A limit holds some of this type's due jobs back."""
+        return self.held > 0
 
     def count(self, status: Status) -> int:
         value: int = getattr(self, status.value)
@@ -81,6 +89,8 @@ class QueueStatus:
     """Paused job types; "*" means every type is paused."""
     workers: int = 0
     """Live workers: registered in rota.worker, their rows not expired."""
+    limits: tuple[Limit, ...] = ()
+    """Every type's limits, with what each holds back (`rota limit list`)."""
 
     @property
     def dead_jobs(self) -> int:
@@ -90,6 +100,9 @@ class QueueStatus:
         """Plain data, as `rota status --json` prints it (instants as ISO-8601)."""
         data = _plain(dataclasses.asdict(self))
         data["dead_jobs"] = self.dead_jobs
+        for job_type, measures in self.types.items():
+            data["types"][job_type]["limited"] = measures.limited
+        data["limits"] = [limit.to_json() for limit in self.limits]
         return data
 
 
@@ -128,9 +141,10 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
         paused = tuple(r["type"] for r in fetch_all(conn, sql.query("paused_types")))
         workers = fetch_all(conn, sql.query("worker_live_count"), params)[0]["workers"]
+        limits = tuple(list_limits(conn, now))
     return QueueStatus(
         now=leases["now"],
-        types=_types(counts, paused),
+        types=_types(counts, paused, limits),
         lease_expirations=LeaseExpirations(
             total=int(leases["total"]),
             current_hour=int(leases["current_hour"]),
@@ -141,11 +155,16 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         schedules=tuple(ScheduleStatus(**row) for row in schedules),
         paused=paused,
         workers=int(workers),
+        limits=limits,
     )
 
 
-def _types(rows: Iterable[dict[str, Any]], paused: Sequence[str]) -> dict[str, TypeStatus]:
+def _types(
+    rows: Iterable[dict[str, Any]], paused: Sequence[str], limits: Sequence[Limit] = ()
+) -> dict[str, TypeStatus]:
     measures: dict[str, dict[str, Any]] = {t: {} for t in paused if t != "*"}
+    for limit in limits:
+        measures.setdefault(limit.type, {})["held"] = limit.held
     for row in rows:
         fields = measures.setdefault(row["type"], {})
         fields[row["status"]] = int(row["jobs"])
@@ -243,9 +262,16 @@ def _type_rows(status: QueueStatus) -> list[tuple[str, ...]]:
                 str(m.failed),
                 str(m.dead),
                 str(m.cancelled),
-                "PAUSED" if m.paused else "active",
+                "PAUSED" if m.paused else "LIMITED" if m.limited else "active",
             )
         )
+    return rows
+
+
+def _limit_rows(status: QueueStatus) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("LIMITED TYPE", "LIMITS", "RUNNING", "HELD BACK")]
+    for limit in status.limits:
+        rows.append((limit.type, limit.describe(), str(limit.running), str(limit.held)))
     return rows
 
 
@@ -273,6 +299,8 @@ def render(status: QueueStatus, found: Sequence[str] = (), keys: str | None = No
         parts.append(f"Idempotency keys: {keys}\n")
     if "*" in status.paused:
         parts.append("\nEvery job type is PAUSED (rota resume --all lifts it)\n")
+    if status.limits:
+        parts.append("\n" + _table(_limit_rows(status)))
     if status.schedules:
         parts.append("\n" + _table(_schedule_rows(status)))
     parts.append(

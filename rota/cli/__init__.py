@@ -33,6 +33,7 @@ _MODULES = [
     "rota.cli.schedule",  # schedule ...
     "rota.cli.status",  # status
     "rota.cli.exporter",  # exporter
+    "rota.cli.limit",  # limit set, clear, list
     "rota.cli.web",  # web
 ]
 PLUGIN_GROUP = "rota.commands"

@@ -41,6 +41,18 @@ def register(sub: Any) -> None:
     p.add_argument("--max-attempts", type=positive_int)
     p.add_argument("--priority", type=int, help="0 (runs first) to 9; default 0")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit of each attempt")
+    unique = p.add_mutually_exclusive_group()
+    unique.add_argument(
+        "--unique-for",
+        type=float,
+        metavar="SECONDS",
+        help="with --key: the key gives the existing id only this long after its first job",
+    )
+    unique.add_argument(
+        "--unique-active",
+        action="store_true",
+        help="with --key: the key gives the existing id only while its job is ready or running",
+    )
     p.add_argument(
         "--group", metavar="G", help="the job's concurrency group (a tenant, an account)"
     )
@@ -93,6 +105,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         priority=args.priority,
         timeout=args.timeout,
         group=args.group,
+        unique_for=args.unique_for,
+        unique_active=args.unique_active,
         settings=settings,
     )
     print(job_id)

@@ -49,11 +49,16 @@ ORDER BY i.ord
 -- name: enqueue_job
 -- One job: the same row as enqueue_jobs makes, from a statement a fraction of
 -- its cost to plan and run (a third of the time of an enqueue, commit
--- included). A known key inserts nothing and returns no row (ON CONFLICT as
--- in enqueue_jobs).
-INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, priority,
-                      timeout_seconds, created_at, group_key, trace_context)
-VALUES (%(type)s, %(payload)s, %(key)s,
+-- included). A known key inserts nothing and returns no row. ON CONFLICT
+-- names no index: every unique index arbitrates, the key's (constraint or
+-- partial index, as in enqueue_jobs) and, for a job enqueued with
+-- unique_active (%(unique_key)s given), job_unique_active_idx, which refuses
+-- a second ready or running job with the key however many connections
+-- enqueue it at once (unique_active_holder then says which job holds it).
+INSERT INTO rota.job (type, payload, idempotency_key, unique_key, unique_active, run_at,
+                      max_attempts, priority, timeout_seconds, created_at, group_key,
+                      trace_context)
+VALUES (%(type)s, %(payload)s, %(idempotency_key)s, %(unique_key)s, %(unique_active)s,
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, now())
                  + make_interval(secs => coalesce(%(delay)s::float8, 0))),
@@ -61,8 +66,43 @@ VALUES (%(type)s, %(payload)s, %(key)s,
         %(priority)s::smallint, %(timeout)s::float8,
         coalesce(%(now)s::timestamptz, now()),
         %(group)s::text, %(trace_context)s::jsonb)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id
+
+-- name: unique_active_holder
+SELECT id FROM rota.job
+WHERE unique_key = %(key)s AND unique_active AND status IN ('ready', 'running')
+
+-- name: enqueue_unique_for
+-- One job whose key is unique for a window after the first job with it. The
+-- key's row in rota.job_unique_key is taken over only once its window has
+-- passed: ON CONFLICT DO UPDATE waits for a concurrent enqueue of the key and
+-- judges its row, so exactly one of them makes a job. No row returned: the
+-- key is held (unique_for_holder says by which job).
+WITH held AS (
+    INSERT INTO rota.job_unique_key (key, job_id, until)
+    VALUES (%(key)s, nextval(pg_get_serial_sequence('rota.job', 'id')),
+            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(unique_for)s))
+    ON CONFLICT (key) DO UPDATE SET job_id = excluded.job_id, until = excluded.until
+        WHERE rota.job_unique_key.until <= coalesce(%(now)s::timestamptz, now())
+    RETURNING job_id
+)
+INSERT INTO rota.job (id, type, payload, unique_key, run_at, max_attempts, priority,
+                      timeout_seconds, created_at, group_key, trace_context)
+OVERRIDING SYSTEM VALUE
+SELECT held.job_id, %(type)s, %(payload)s, %(key)s,
+       coalesce(%(run_at)s::timestamptz,
+                coalesce(%(now)s::timestamptz, now())
+                + make_interval(secs => coalesce(%(delay)s::float8, 0))),
+       coalesce(%(max_attempts)s::int, %(default_max_attempts)s),
+       %(priority)s::smallint, %(timeout)s::float8,
+       coalesce(%(now)s::timestamptz, now()),
+       %(group)s::text, %(trace_context)s::jsonb
+FROM held
+RETURNING id
+
+-- name: unique_for_holder
+SELECT job_id AS id FROM rota.job_unique_key WHERE key = %(key)s
 
 -- name: ids_for_keys
 SELECT idempotency_key, id FROM rota.job WHERE idempotency_key = ANY(%(keys)s::text[])
@@ -76,7 +116,22 @@ SELECT idempotency_key, id FROM rota.job WHERE idempotency_key = ANY(%(keys)s::t
 -- stops as soon as enough jobs are locked. Paused types are never claimed.
 -- Given types are written into the statement as a literal, not bound (see
 -- rota.claim._claim_statement); NULL claims any type.
-WITH picked AS (
+-- Types with a limit (rota.job_limit) are claimed first, by
+-- rota.claim_limited (migration 0013), which holds each limit exact across
+-- workers; the walk below skips them, and when no limit applies to the types
+-- claimed the function is not called at all: unlimited types pay one look at
+-- the small limits table.
+WITH limited AS MATERIALIZED (
+    SELECT l.id, l.type, l.payload, l.idempotency_key, l.status, l.run_at, l.attempts,
+           l.max_attempts, l.locked_by, l.locked_until, l.last_error, l.created_at,
+           l.started_at, l.finished_at, l.schedule_id, l.slot, l.priority, l.timeout_seconds,
+           l.cancel_requested_at, l.releases, l.trace_context, l.group_key
+    FROM rota.claim_limited(coalesce(%(now)s::timestamptz, now()), %(types)s::text[],
+                            %(limit)s, %(worker)s, %(lease)s) AS l
+    WHERE EXISTS (SELECT FROM rota.job_limit
+                  WHERE %(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+),
+picked AS (
     SELECT c.id
     FROM generate_series(0, 9) AS p(priority)
     CROSS JOIN LATERAL (
@@ -87,17 +142,19 @@ WITH picked AS (
           AND run_at <= coalesce(%(now)s::timestamptz, now())
           AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
           AND type <> ALL (SELECT type FROM rota.paused_type)
+          AND type <> ALL (SELECT type FROM rota.job_limit)
         ORDER BY run_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
-    LIMIT %(limit)s
-)
+    LIMIT %(limit)s - (SELECT count(*) FROM limited)
+),
 -- The picked rows are reached by primary key from an array, never joined: a
 -- join may be planned as a hash join over a sequential scan of the whole table
 -- (a generic plan that cannot see the limit, or a custom one for a large batch
 -- on a table of some ten thousand rows), which costs every claim the table.
+claimed AS (
 UPDATE rota.job AS j
 SET status = 'running',
     locked_by = %(worker)s,
@@ -110,7 +167,11 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,
           j.max_attempts, j.locked_by, j.locked_until, j.last_error, j.created_at,
           j.started_at, j.finished_at, j.schedule_id, j.slot, j.priority, j.timeout_seconds,
-          j.cancel_requested_at, j.releases, j.trace_context
+          j.cancel_requested_at, j.releases, j.trace_context, j.group_key
+)
+SELECT * FROM limited
+UNION ALL
+SELECT * FROM claimed
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the
@@ -191,8 +252,14 @@ counted AS (
     WHERE status = 'done'
     GROUP BY type
     ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count
+),
+-- A slot of a limited type came free: idle workers wake to claim the jobs the
+-- limit held back (one notification per transaction, folded by PostgreSQL).
+woken AS (
+    SELECT pg_notify('rota_jobs', '')
+    WHERE EXISTS (SELECT FROM written JOIN rota.job_limit AS l ON l.type = written.type)
 )
-SELECT id, attempts, status FROM written
+SELECT id, attempts, status FROM written LEFT JOIN woken ON true
 
 -- name: running_of_worker
 -- A worker's running rows: few (its slots and a batch claimed ahead), found

@@ -129,3 +129,15 @@ async def asyncio_tools(job: rota.Job) -> None:
     async with asyncio.TaskGroup() as group:
         children = [group.create_task(child(n)) for n in range(3)]
     _ran(job, f"task group {sum(c.result() for c in children)}")
+
+
+@rota.handler("limited.span")
+def limited_span(job: rota.Job) -> None:
+    """Record when the handler ran, by the database clock (table spans)."""
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO spans (job_id, group_key, started_at) VALUES (%s, %s, clock_timestamp())",
+            (job.id, job.group_key),
+        )
+        time.sleep(float(job.payload.get("seconds", 0.02)))
+        conn.execute("UPDATE spans SET ended_at = clock_timestamp() WHERE job_id = %s", (job.id,))

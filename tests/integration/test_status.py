@@ -45,6 +45,8 @@ def test_json_has_the_measures_and_warnings(busy_db, capsys):
         "dead": 1,
         "cancelled": 0,
         "paused": False,
+        "held": 0,
+        "limited": False,
     }
     assert status["dead_jobs"] == 1
     assert status["lease_expirations"]["current_hour"] == 12

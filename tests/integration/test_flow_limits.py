@@ -1,0 +1,280 @@
+"""Limits per job type, as every worker's claim sees them: concurrency, per-group
+concurrency, rates, fairness across groups, and claims that interleave."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+import rota
+from rota.claim import Attempt, claim, write_and_claim, write_outcomes
+from rota.errors import InvalidInput
+from rota.jobs import Job, Outcome
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def finish(conn: psycopg.Connection[Any], jobs: list[Job], worker: str = "w") -> None:
+    write_outcomes(conn, worker, [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+
+
+def running(conn: psycopg.Connection[Any], job_type: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) AS n FROM rota.job WHERE status = 'running' AND type = %s", (job_type,)
+    ).fetchone()
+    return int(row["n"])  # type: ignore[index]
+
+
+def add_ready(conn: psycopg.Connection[Any], job_type: str, groups: int, per_group: int) -> None:
+    """`groups` x `per_group` due ready jobs, fast (one INSERT ... SELECT)."""
+    conn.execute(
+        "INSERT INTO rota.job (type, group_key, run_at)"
+        " SELECT %s, 'g' || lpad(g::text, 6, '0'), now() - interval '1 hour' + n * interval '1 ms'"
+        " FROM generate_series(1, %s) AS g, generate_series(1, %s) AS n",
+        (job_type, groups, per_group),
+    )
+
+
+# -- setting them ---------------------------------------------------------------------
+
+
+def test_set_list_and_clear(conn: psycopg.Connection[Any]) -> None:
+    rota.set_limit(conn, "payment", concurrency=5)
+    rota.set_limit(conn, "email", rate=100, per=60)
+    rota.set_limit(conn, "export", concurrency=10, group_concurrency=1)
+    listed = {lim.type: lim.describe() for lim in rota.list_limits(conn)}
+    assert listed == {
+        "email": "100 per 60s",
+        "export": "concurrency 10, per group 1",
+        "payment": "concurrency 5",
+    }
+    rota.set_limit(conn, "payment", group_concurrency=2)  # replaces, does not merge
+    assert [lim.describe() for lim in rota.list_limits(conn) if lim.type == "payment"] == [
+        "per group 2"
+    ]
+    assert rota.clear_limit(conn, "payment") is True
+    assert rota.clear_limit(conn, "payment") is False
+    assert {lim.type for lim in rota.list_limits(conn)} == {"email", "export"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give a limit"),
+        ({"concurrency": 0}, "from 1"),
+        ({"concurrency": True}, "whole number"),
+        ({"concurrency": 2.5}, "whole number"),
+        ({"group_concurrency": -1}, "from 1"),
+        ({"rate": 10}, "together"),
+        ({"per": 10}, "together"),
+        ({"rate": 10, "per": 0}, "more than 0"),
+        ({"rate": 10, "per": float("inf")}, "number"),
+        ({"rate": 10_001, "per": 1}, "from 1 to 10000"),
+    ],
+)
+def test_bad_limits_are_refused_and_nothing_is_written(
+    conn: psycopg.Connection[Any], kwargs: dict[str, Any], message: str
+) -> None:
+    rota.set_limit(conn, "t", concurrency=3)
+    with pytest.raises(InvalidInput, match=message):
+        rota.set_limit(conn, "t", **kwargs)
+    assert [lim.describe() for lim in rota.list_limits(conn)] == ["concurrency 3"]
+
+
+@pytest.mark.parametrize("job_type", ["", " ", "*", None, "a\x00"])
+def test_a_limit_needs_a_job_type(conn: psycopg.Connection[Any], job_type: Any) -> None:
+    with pytest.raises(InvalidInput):
+        rota.set_limit(conn, job_type, concurrency=1)
+    assert rota.list_limits(conn) == []
+
+
+# -- what the claim does with them -------------------------------------------------------
+
+
+def test_concurrency_binds_claims_and_a_finished_job_frees_its_slot(
+    conn: psycopg.Connection[Any],
+) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("payment", {"n": n}) for n in range(10)])
+    rota.set_limit(conn, "payment", concurrency=3)
+    first = claim(conn, "w1", 10, 30)
+    assert len(first) == 3
+    assert claim(conn, "w2", 10, 30) == []
+    [state] = rota.list_limits(conn)
+    assert (state.running, state.due, state.held, state.limited) == (3, 7, 7, True)
+    # Held-back jobs stay ready, their attempts untouched.
+    held = conn.execute("SELECT status, attempts FROM rota.job WHERE status <> 'running'")
+    assert {(r["status"], r["attempts"]) for r in held} == {("ready", 0)}
+    finish(conn, first[:1], "w1")
+    statuses, more = write_and_claim(
+        conn, "w1", [Attempt(j.id, j.attempts, Outcome.DONE) for j in first[1:]], 10, 30
+    )
+    assert len(statuses) == 2
+    assert len(more) == 3  # the outcomes written in the claim's transaction free their slots
+    assert running(conn, "payment") == 3
+
+
+def test_unlimited_types_are_claimed_beside_limited_ones(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("payment") for _ in range(5)])
+    rota.enqueue_many(conn, [rota.NewJob("other") for _ in range(5)])
+    rota.set_limit(conn, "payment", concurrency=2)
+    jobs = claim(conn, "w", 10, 30)
+    assert sorted(j.type for j in jobs) == ["other"] * 5 + ["payment"] * 2
+    assert claim(conn, "w", 10, 30, types=["payment"]) == []
+    rota.clear_limit(conn, "payment")
+    assert len(claim(conn, "w", 10, 30, types=["payment"])) == 3
+
+
+def test_a_claim_never_takes_more_than_it_asked_for(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue_many(conn, [rota.NewJob(t) for t in ["a", "b"] * 10])
+    rota.set_limit(conn, "a", concurrency=100)
+    assert len(claim(conn, "w", 7, 30)) == 7
+    assert len(claim(conn, "w", 1, 30)) == 1
+
+
+def test_a_paused_limited_type_is_not_claimed(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue(conn, "payment")
+    rota.set_limit(conn, "payment", concurrency=2)
+    rota.pause(conn, ["payment"])
+    assert claim(conn, "w", 10, 30) == []
+    rota.resume(conn, ["payment"])
+    rota.pause(conn, None)
+    assert claim(conn, "w", 10, 30) == []
+    rota.resume(conn, None)
+    assert len(claim(conn, "w", 10, 30)) == 1
+
+
+def test_rate_counts_starts_in_any_window(conn: psycopg.Connection[Any]) -> None:
+    rota.enqueue_many(conn, [rota.NewJob("email") for _ in range(20)], now=T0)
+    rota.set_limit(conn, "email", rate=5, per=60)
+    got = len(claim(conn, "w", 3, 30, now=T0))
+    got += len(claim(conn, "w", 10, 30, now=T0 + timedelta(seconds=30)))
+    assert got == 5
+    # Finishing does not give a start back: only time does.
+    assert claim(conn, "w", 10, 30, now=T0 + timedelta(seconds=59)) == []
+    [state] = rota.list_limits(conn, now=T0 + timedelta(seconds=59))
+    assert (state.recent_starts, state.held) == (5, 15)
+    # The three of T0 leave the window first, the two of T0+30 s later.
+    assert len(claim(conn, "w", 10, 30, now=T0 + timedelta(seconds=61))) == 3
+    assert len(claim(conn, "w", 10, 30, now=T0 + timedelta(seconds=91))) == 2
+
+
+def test_group_concurrency_binds_each_group(conn: psycopg.Connection[Any]) -> None:
+    for group in ("a", "b", "c"):
+        rota.enqueue_many(conn, [rota.NewJob("export", group=group) for _ in range(3)])
+    rota.enqueue_many(conn, [rota.NewJob("export") for _ in range(3)])  # no group: one group
+    rota.set_limit(conn, "export", group_concurrency=2)
+    jobs = claim(conn, "w", 100, 30)
+    by_group: dict[str | None, int] = {}
+    for job in jobs:
+        by_group[job.group_key] = by_group.get(job.group_key, 0) + 1
+    assert by_group == {"a": 2, "b": 2, "c": 2, None: 2}
+    assert claim(conn, "w", 100, 30) == []
+    finish(conn, [j for j in jobs if j.group_key == "b"][:1])
+    [job] = claim(conn, "w", 100, 30)
+    assert job.group_key == "b"
+
+
+def test_concurrency_and_group_concurrency_together(conn: psycopg.Connection[Any]) -> None:
+    add_ready(conn, "export", groups=10, per_group=5)
+    rota.set_limit(conn, "export", concurrency=4, group_concurrency=1)
+    jobs = claim(conn, "w", 100, 30)
+    assert len(jobs) == 4 and len({j.group_key for j in jobs}) == 4
+    assert claim(conn, "w", 100, 30) == []
+
+
+def test_a_group_with_one_job_waits_one_claim_at_most_behind_a_huge_group(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """100,000 ready jobs of one customer, then one of another: with a group
+    limit, the other customer's job is claimed by the first or second claim."""
+    add_ready(conn, "export", groups=1, per_group=100_000)
+    small = rota.enqueue(conn, "export", group="small")
+    conn.execute("ANALYZE rota.job")
+    rota.set_limit(conn, "export", group_concurrency=5)
+    first = claim(conn, "w", 1, 30)
+    second = claim(conn, "w", 1, 30)
+    assert small in {j.id for j in first + second}
+    # And the big group goes on being served, one claim in turn.
+    assert len(claim(conn, "w", 1, 30)) == 1
+
+
+def test_groups_are_served_in_turn_across_claims(conn: psycopg.Connection[Any]) -> None:
+    add_ready(conn, "export", groups=5, per_group=10)
+    rota.set_limit(conn, "export", group_concurrency=10)
+    seen = []
+    for _ in range(10):
+        [job] = claim(conn, "w", 1, 30)
+        seen.append(job.group_key)
+    assert seen == [f"g{n:06d}" for n in range(1, 6)] * 2
+
+
+# -- claims that interleave ---------------------------------------------------------------
+
+
+def test_a_claim_waiting_for_another_counts_what_that_one_claimed(db_url: str) -> None:
+    """Two connections claim one limited type: the second blocks on the limit's
+    row while the first's transaction is open, and once that commits it sees
+    the jobs the first claimed (its statement began before they were running)."""
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(10)])
+        rota.set_limit(setup, "payment", concurrency=3)
+    with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:
+        assert len(claim(first, "w1", 2, 30)) == 2  # first's transaction stays open
+        result: list[list[Job]] = []
+        waiter = threading.Thread(target=lambda: result.append(claim(second, "w2", 10, 30)))
+        waiter.start()
+        wait_for_lock_wait(db_url)
+        assert waiter.is_alive()
+        first.commit()
+        waiter.join(timeout=30)
+        second.commit()
+        assert len(result[0]) == 1  # 3 - 2: not 3
+
+
+def test_a_rolled_back_claim_leaves_its_slots_free(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(10)])
+        rota.set_limit(setup, "payment", concurrency=3)
+    with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:
+        assert len(claim(first, "w1", 3, 30)) == 3
+        result: list[list[Job]] = []
+        waiter = threading.Thread(target=lambda: result.append(claim(second, "w2", 10, 30)))
+        waiter.start()
+        wait_for_lock_wait(db_url)
+        first.rollback()
+        waiter.join(timeout=30)
+        second.commit()
+        assert len(result[0]) == 3
+
+
+def wait_for_lock_wait(db_url: str, seconds: float = 30.0) -> None:
+    """Until some session of this database waits for a lock (a deadline, not a sleep)."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        c.execute(f"SET statement_timeout = '{int(seconds * 1000)}ms'")
+        c.execute(
+            "DO $$ BEGIN WHILE NOT EXISTS (SELECT FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock')"
+            " LOOP PERFORM pg_sleep(0.01); END LOOP; END $$"
+        )
+
+
+def test_an_outcome_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) -> None:
+    with (
+        psycopg.connect(db_url, autocommit=True) as c,
+        psycopg.connect(db_url, autocommit=True) as listener,
+    ):
+        rota.enqueue_many(c, [rota.NewJob("payment"), rota.NewJob("other")])
+        listener.execute("LISTEN rota_jobs")
+        list(listener.notifies(timeout=0.5, stop_after=10))  # the enqueue's
+        rota.set_limit(c, "payment", concurrency=1)
+        list(listener.notifies(timeout=0.5, stop_after=10))  # the limit's
+        jobs = {j.type: j for j in claim(c, "w", 10, 30)}
+        write_outcomes(c, "w", [Attempt(jobs["other"].id, 1, Outcome.DONE)])
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # unlimited: no wake
+        write_outcomes(c, "w", [Attempt(jobs["payment"].id, 1, Outcome.DONE)])
+        assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
