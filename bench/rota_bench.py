@@ -103,13 +103,18 @@ def drain(
     concurrency: int,
     server: Server | None = None,
     dsn: str | None = None,
+    limit: int | None = None,
 ) -> Drain:
     """Pre-enqueue `jobs` no-op jobs, then time `processes` workers emptying the queue.
 
     On a fresh database, or on `dsn` as it is (e.g. one with many done rows).
+    With `limit`, the jobs' type has that concurrency limit (rota.set_limit):
+    every claim of them goes through the limited claim.
     """
-    dsn = dsn or fresh(new_database, f"rota_drain_{processes}")
+    dsn = dsn or fresh(new_database, f"rota_drain_{processes}" + ("_limited" if limit else ""))
     enqueue_batches(dsn, jobs)
+    if limit is not None:
+        rota.set_limit(dsn, "bench.noop", concurrency=limit)
     return timed_drain(
         dsn,
         (REMAINING, ANY_LEFT),

@@ -159,6 +159,23 @@ def measure(
                 add(
                     queue, f"drain{processes}", _drain(queue, new_database, plan, processes, server)
                 )
+                if queue == "rota":
+                    say(
+                        f"round {round_ + 1}: rota drain with {processes} process(es)"
+                        f" under a concurrency limit of {NON_BINDING_LIMIT:,}"
+                    )
+                    add(
+                        "rota",
+                        f"drain{processes}_limited",
+                        rota_bench.drain(
+                            new_database,
+                            plan.jobs,
+                            processes,
+                            plan.concurrency,
+                            server,
+                            limit=NON_BINDING_LIMIT,
+                        ),
+                    )
             say(f"round {round_ + 1}: {queue} enqueue-to-start latency")
             add(queue, "latency", tidied(_latency, queue, new_database, plan))
             if queue == "rota":
@@ -189,6 +206,11 @@ def measure(
             say("procrastinate: enqueue-to-start latency")
             add("procrastinate", "latency", tidied(_latency, "procrastinate", new_database, plan))
     return results
+
+
+NON_BINDING_LIMIT = 1_000_000
+"""A concurrency limit no drain reaches: what the limited claim costs when it
+holds nothing back."""
 
 
 def _drain(
@@ -222,12 +244,14 @@ def _field(key: str, attr: str) -> Extract:
     return values
 
 
-def _crowded_ratio(processes: int) -> Extract:
-    """Per round: the drain beside the done rows over the drain on an empty table."""
+def _drain_ratio(processes: int, variant: str) -> Extract:
+    """Per round: a variant of the drain (beside the done rows, under a limit) over
+    the plain drain on an empty table."""
 
     def values(found: dict[str, list[Any]]) -> list[float]:
-        empty, crowded = found.get(f"drain{processes}", []), found.get(f"drain{processes}_done", [])
-        return [c.rate / e.rate for e, c in zip(empty, crowded, strict=False)]
+        plain = found.get(f"drain{processes}", [])
+        other = found.get(f"drain{processes}_{variant}", [])
+        return [o.rate / p.rate for p, o in zip(plain, other, strict=False)]
 
     return values
 
@@ -323,17 +347,38 @@ METRICS = [
     Metric(
         "done_ratio1",
         "  the same over the empty-table drain, 1 process",
-        _crowded_ratio(1),
+        _drain_ratio(1, "done"),
         True,
         2,
     ),
     Metric(
         "done_ratio2",
         "  the same over the empty-table drain, 2 processes",
-        _crowded_ratio(2),
+        _drain_ratio(2, "done"),
         True,
         2,
     ),
+]
+METRICS += [
+    Metric(
+        f"drain{processes}_limited",
+        f"drain under a non-binding concurrency limit, {processes} process"
+        + ("es" if processes > 1 else "")
+        + " (jobs/s)",
+        _field(f"drain{processes}_limited", "rate"),
+        True,
+    )
+    for processes in (1, 2)
+] + [
+    Metric(
+        f"limited_ratio{processes}",
+        f"  the same over the drain without a limit, {processes} process"
+        + ("es" if processes > 1 else ""),
+        _drain_ratio(processes, "limited"),
+        True,
+        2,
+    )
+    for processes in (1, 2)
 ]
 BY_KEY = {m.key: m for m in METRICS}
 
@@ -377,6 +422,8 @@ GOALS = [
     Goal("enqueue-to-start p99 (ms)", "p99", 10.0, "<"),
     Goal("2M-done drain over empty, 1 process", "done_ratio1", 0.9, ">="),
     Goal("2M-done drain over empty, 2 processes", "done_ratio2", 0.9, ">="),
+    Goal("drain under a non-binding limit over without, 1 process", "limited_ratio1", 0.9, ">="),
+    Goal("drain under a non-binding limit over without, 2 processes", "limited_ratio2", 0.9, ">="),
 ]
 
 

@@ -46,6 +46,8 @@ class ScheduleSpec:
     """Priority of each slot's job (None: 0)."""
     timeout_seconds: float | None = None
     """Seconds each slot's job may run (None: the handler's or the worker's default)."""
+    group: str | None = None
+    """The concurrency group of each slot's job (see `rota.set_limit`)."""
 
 
 def validate(spec: ScheduleSpec) -> None:
@@ -68,6 +70,8 @@ def validate(spec: ScheduleSpec) -> None:
         limits.priority(spec.priority)
     if spec.timeout_seconds is not None:
         limits.timeout_seconds(spec.timeout_seconds, "timeout_seconds")
+    if spec.group is not None:
+        limits.group(spec.group)
 
 
 def check_name(name: str, job_type: str | None = None, *, namespaced: bool = False) -> None:

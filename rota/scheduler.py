@@ -183,6 +183,7 @@ class Scheduler(Service):
             "timeout_seconds": row["timeout_seconds"],
             "schedule_id": row["id"],
             "slot": slot,
+            "group": row["group_key"],
             "now": now,
         }
         return bool(fetch_all(conn, sql.query("schedule_enqueue_slot"), params))

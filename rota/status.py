@@ -119,6 +119,9 @@ class QueueAge:
     paused_types: tuple[str, ...] = ()
     """Which of the types asked about are paused ("*": every type); their jobs
     are not counted as waiting."""
+    limited_types: tuple[str, ...] = ()
+    """Which of the types asked about have due jobs a limit holds back; their
+    jobs are not counted as waiting either (more workers would not start them)."""
 
 
 def _plain(value: Any) -> Any:
@@ -182,8 +185,14 @@ def queue_age(
     conn_or_dsn: ConnOrDsn, types: Sequence[str] | None = None, now: datetime | None = None
 ) -> QueueAge:
     """Age of the oldest due job of `types` (or any), with ready and running counts."""
-    params = {"types": list(types) if types is not None else None, "now": now}
+    wanted = list(types) if types is not None else None
     with connection(conn_or_dsn) as conn:
+        held = [
+            limit.type
+            for limit in list_limits(conn, now)
+            if limit.limited and (wanted is None or limit.type in wanted)
+        ]
+        params = {"types": wanted, "held": held, "now": now}
         row = fetch_all(conn, sql.query("queue_age"), params)[0]
         paused = fetch_all(conn, sql.query("paused_among"), params)
     return QueueAge(
@@ -191,6 +200,7 @@ def queue_age(
         int(row["ready_jobs"]),
         int(row["running_jobs"]),
         tuple(r["type"] for r in paused),
+        tuple(held),
     )
 
 

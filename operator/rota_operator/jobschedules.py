@@ -75,6 +75,7 @@ def _spec_of(namespace: str, name: str, spec: Mapping[str, Any], payload: Any) -
         max_attempts=spec.get("maxAttempts"),
         priority=spec.get("priority"),
         timeout_seconds=spec.get("timeoutSeconds"),
+        group=spec.get("group"),
     )
 
 

@@ -79,6 +79,8 @@ class PoolState:
     conditions: list[dict[str, Any]] = field(default_factory=list)
     paused: tuple[str, ...] = ()
     """The paused types last reported, so that a pause is an Event once."""
+    limited: tuple[str, ...] = ()
+    """The types a limit held back last time, so that it is an Event once."""
 
 
 def poll_once(
@@ -159,10 +161,19 @@ def _reconcile(
         if tuple(age.paused_types) != state.paused:
             kube.post_event(ref, "Normal", "Paused", f"jobs of {paused} are paused: not scaled for")
     state.paused = tuple(age.paused_types)
+    if age.limited_types:
+        limited = ", ".join(age.limited_types)
+        message += f"; held back by limits (not scaled for): {limited}"
+        if tuple(age.limited_types) != state.limited:
+            kube.post_event(
+                ref, "Normal", "Limited", f"a limit holds jobs of {limited} back: not scaled for"
+            )
+    state.limited = tuple(age.limited_types)
     state.conditions = with_condition(state.conditions, "Ready", True, decision.reason, message)
     return {
         **status,
         "pausedTypes": list(age.paused_types),
+        "limitedTypes": list(age.limited_types),
         "currentReplicas": replicas.status,
         "desiredReplicas": decision.desired,
         "oldestReadyAgeSeconds": round(sample.oldest_ready_age_seconds, 3),

@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument("--starting-deadline-seconds", type=int, help="drop a slot later than this")
     p.add_argument("--priority", type=int, help="priority of each slot's job: 0 (first) to 9")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="each job's time limit")
+    p.add_argument("--group", help="each job's concurrency group (see rota limit)")
     p.add_argument("--suspend", action="store_true", help="store it suspended")
     p.set_defaults(func=cmd_add)
 
@@ -79,6 +80,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         priority=args.priority,
         timeout_seconds=args.timeout,
+        group=args.group,
     )
     archive.check_schedule(spec.job_type, spec.payload)
     row = schedule_store.upsert(database_url(), spec)

@@ -340,7 +340,9 @@ LIMIT 1
 -- name: queue_age
 -- Age of the oldest job that could run now, how many could, and how many run;
 -- walks the partial indexes of ready and running rows only. Jobs of paused
--- types cannot run now: they are not counted as waiting.
+-- types cannot run now: they are not counted as waiting; nor are the jobs of
+-- the types in %(held)s, whose limits hold jobs back (more workers would not
+-- start them sooner).
 SELECT coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(run_at)), 0)::float8
            AS oldest_ready_age_seconds,
        count(*) AS ready_jobs,
@@ -352,6 +354,7 @@ WHERE status = 'ready'
   AND run_at <= coalesce(%(now)s::timestamptz, now())
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND type <> ALL (SELECT type FROM rota.paused_type)
+  AND type <> ALL (%(held)s::text[])
   AND NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
 
 -- name: paused_among

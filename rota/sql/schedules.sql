@@ -10,11 +10,12 @@ SELECT * FROM rota.schedule WHERE name = %(name)s FOR UPDATE
 -- name: schedule_insert
 INSERT INTO rota.schedule (name, job_type, cron, timezone, payload, next_run_at, suspend,
                            spread_seconds, concurrency_policy, starting_deadline_seconds,
-                           max_attempts, priority, timeout_seconds, created_at, updated_at)
+                           max_attempts, priority, timeout_seconds, group_key, created_at,
+                           updated_at)
 VALUES (%(name)s, %(job_type)s, %(cron)s, %(timezone)s, %(payload)s, %(next_run_at)s,
         %(suspend)s, %(spread_seconds)s, %(concurrency_policy)s, %(starting_deadline_seconds)s,
-        %(max_attempts)s, %(priority)s, %(timeout_seconds)s, coalesce(%(now)s::timestamptz, now()),
-        coalesce(%(now)s::timestamptz, now()))
+        %(max_attempts)s, %(priority)s, %(timeout_seconds)s, %(group)s,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (name) DO NOTHING
 RETURNING *
 
@@ -25,7 +26,7 @@ SET job_type = %(job_type)s, cron = %(cron)s, timezone = %(timezone)s, payload =
     concurrency_policy = %(concurrency_policy)s,
     starting_deadline_seconds = %(starting_deadline_seconds)s,
     max_attempts = %(max_attempts)s, priority = %(priority)s,
-    timeout_seconds = %(timeout_seconds)s, updated_at = coalesce(%(now)s::timestamptz, now())
+    timeout_seconds = %(timeout_seconds)s, group_key = %(group)s, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE name = %(name)s
 RETURNING *
 
@@ -63,9 +64,10 @@ FROM (SELECT status FROM rota.job WHERE schedule_id = %(schedule_id)s
 -- The idempotency key makes a slot one job, whoever enqueues it how often
 -- (ON CONFLICT as in enqueue_jobs).
 INSERT INTO rota.job (type, payload, idempotency_key, run_at, max_attempts, priority,
-                      timeout_seconds, schedule_id, slot, created_at)
+                      timeout_seconds, schedule_id, slot, group_key, created_at)
 VALUES (%(type)s, %(payload)s, %(key)s, %(run_at)s, %(max_attempts)s, %(priority)s,
-        %(timeout_seconds)s, %(schedule_id)s, %(slot)s, coalesce(%(now)s::timestamptz, now()))
+        %(timeout_seconds)s, %(schedule_id)s, %(slot)s, %(group)s,
+        coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 

@@ -25,7 +25,16 @@ from bench.measure import percentile  # noqa: E402
 from bench.run import GOALS, METRICS  # noqa: E402
 
 ROTA_METRICS = {m.key for m in METRICS}
-PEER_METRICS = ROTA_METRICS - {"drain1_done", "drain2_done", "done_ratio1", "done_ratio2"}
+PEER_METRICS = ROTA_METRICS - {
+    "drain1_done",
+    "drain2_done",
+    "done_ratio1",
+    "done_ratio2",
+    "drain1_limited",
+    "drain2_limited",
+    "limited_ratio1",
+    "limited_ratio2",
+}
 
 
 def run_module(module: str, *args: str, timeout: float = 280) -> str:

@@ -65,6 +65,7 @@ def test_upsert_get_list_remove(conn: Conn) -> None:
         ({"starting_deadline_seconds": 0}, "starting_deadline_seconds"),
         ({"max_attempts": 0}, "max_attempts"),
         ({"name": " "}, "name"),
+        ({"group": ""}, "group"),
     ],
 )
 def test_invalid_spec_stores_nothing(conn: Conn, fields: dict[str, Any], message: str) -> None:
@@ -326,3 +327,14 @@ def test_names_under_rota_are_reserved_for_the_built_in_schedules(conn) -> None:
     assert schedules.set_suspended(conn, "rota/archive", True) is not None
     # A JobSchedule of namespace rota is '<namespace>/<name>': the operator may write it.
     schedules.upsert(conn, ScheduleSpec("rota/tick", "t", "@daily"), namespaced=True)
+
+
+def test_a_schedules_jobs_carry_its_group(conn: Conn) -> None:
+    row = add(conn, utc(2026, 1, 1, 9, 30), group="customer-3")
+    run_ticks(conn, utc(2026, 1, 1, 10), utc(2026, 1, 1, 11), timedelta(hours=1))
+    groups = conn.execute(
+        "SELECT group_key FROM rota.job WHERE schedule_id = %s", (row["id"],)
+    ).fetchall()
+    assert groups == [{"group_key": "customer-3"}] * 2
+    add(conn, utc(2026, 1, 1, 11, 30))  # changed: no group any more
+    assert schedules.get(conn, "s")["group_key"] is None  # type: ignore[index]

@@ -204,3 +204,25 @@ def _count(conn: psycopg.Connection[Any], query: str) -> int:
     row = conn.execute(query).fetchone()
     assert row is not None
     return int(next(iter(row.values())))
+
+
+def test_jobs_a_limit_holds_back_do_not_scale_the_pool(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any]
+) -> None:
+    """Old jobs that only a concurrency limit keeps waiting: more workers would
+    not start them sooner, so the pool keeps one replica and says why."""
+    kube_api.create(DEPLOYMENTS, deployment("payers", 1))
+    add_ready_jobs(conn, 10, age_seconds=900, type_="payment")
+    conn.execute("INSERT INTO rota.job_limit (type, concurrency) VALUES ('payment', 2)")
+    conn.execute(
+        "UPDATE rota.job SET status = 'running', locked_by = 'w', attempts = 1,"
+        " locked_until = now() + interval '1 hour'"
+        " WHERE id IN (SELECT id FROM rota.job ORDER BY id LIMIT 2)"
+    )
+    kube_api.create(POOLS, worker_pool("pay", "payers", jobTypes=["payment"]))
+    pool = wait_for(lambda: _status(kube_api, "pay", "limitedTypes", ["payment"]), what="status")
+    assert pool["status"]["readyJobs"] == 0
+    assert pool["status"]["desiredReplicas"] == 1  # the two running jobs keep one
+    limited = [e for e in kube_api.events(NS, "pay") if e["reason"] == "Limited"]
+    assert [e["message"] for e in limited] == ["a limit holds jobs of payment back: not scaled for"]
+    assert "held back by limits (not scaled for): payment" in _ready(kube_api, "pay")["message"]  # type: ignore[index]

@@ -4,6 +4,8 @@
 -- A job's concurrency group (a tenant, an account, a remote host).
 ALTER TABLE rota.job ADD COLUMN IF NOT EXISTS group_key text;
 ALTER TABLE rota.job_archive ADD COLUMN IF NOT EXISTS group_key text;
+-- The group of every job a schedule enqueues.
+ALTER TABLE rota.schedule ADD COLUMN group_key text;
 
 ALTER TABLE rota.job
     -- The key of a job enqueued with unique_for or unique_active (never also
