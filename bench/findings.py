@@ -85,6 +85,7 @@ def _finish_params(held: list[tuple[int, int]], worker: str) -> dict[str, Any]:
         "outcomes": ["done"] * len(held),
         "delays": [0.0] * len(held),
         "errors": [None] * len(held),
+        "results": None,
         "worker": worker,
         "now": None,
     }
