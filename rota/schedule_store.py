@@ -71,7 +71,7 @@ def validate(spec: ScheduleSpec) -> None:
     if spec.timeout_seconds is not None:
         limits.timeout_seconds(spec.timeout_seconds, "timeout_seconds")
     if spec.group is not None:
-        limits.group(spec.group)
+        limits.name(spec.group, "a group")
 
 
 def check_name(name: str, job_type: str | None = None, *, namespaced: bool = False) -> None:
