@@ -17,7 +17,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from rota import control, schedule_store, sql
+from rota import control, flow, schedule_store, sql
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound, RotaError
 from rota.jobs import Status
@@ -270,6 +270,43 @@ def resume_types(
         lifted = control.resume(conn, types)
         _audit(conn, who, "resume", {"types": list(types) if types else "*"}, len(lifted), now)
     return Done("resume", len(lifted), f"resumed {', '.join(types) if types else 'everything'}")
+
+
+def set_limit(
+    conn: Conn,
+    who: Identity,
+    job_type: str,
+    limits: flow.Limit,
+    now: datetime | None = None,
+) -> Done:
+    """Set a type's limits to those of `limits` (checked by rota.flow.set_limit:
+    nothing is written when they are refused), audited."""
+    with conn.transaction():
+        flow.set_limit(
+            conn,
+            job_type,
+            concurrency=limits.concurrency,
+            group_concurrency=limits.group_concurrency,
+            rate=limits.rate,
+            per=limits.per,
+            now=now,
+        )
+        target = {
+            "type": job_type,
+            "concurrency": limits.concurrency,
+            "group_concurrency": limits.group_concurrency,
+            "rate": limits.rate,
+            "per": limits.per,
+        }
+        _audit(conn, who, "set-limit", target, 1, now)
+    return Done("set-limit", 1, f"{job_type}: {limits.describe()}")
+
+
+def clear_limit(conn: Conn, who: Identity, job_type: str, now: datetime | None = None) -> Done:
+    with conn.transaction():
+        cleared = flow.clear_limit(conn, job_type)
+        _audit(conn, who, "clear-limit", {"type": job_type}, int(cleared), now)
+    return Done("clear-limit", int(cleared), f"{job_type}: limits cleared")
 
 
 def run_schedule(conn: Conn, who: Identity, name: str, now: datetime | None = None) -> Done:

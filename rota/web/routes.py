@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from rota import sql
 from rota.db import fetch_all
 from rota.errors import InvalidInput
+from rota.flow import Limit
 from rota.web import actions, auth, charts, filters, reads
 from rota.web.console import (
     JOBS_PARAMS,
@@ -108,7 +109,8 @@ def build_routes(c: Console) -> list[Route | Mount]:
         check_params(request, set())
         with c.conn() as conn:
             data = reads.overview(conn, drawn=False)
-        return c.render(request, "types.html", who, o=data, nav="types")
+        limits = data.status.limits
+        return c.render(request, "types.html", who, o=data, limits=limits, nav="types")
 
     def workers_page(request: Request) -> Response:
         who = c.viewer(request)
@@ -259,6 +261,37 @@ def build_routes(c: Console) -> list[Route | Mount]:
 
         return endpoint
 
+    async def limit_set(request: Request) -> Response:
+        who, form = await c.actor(request)
+        job_type = form_field(form, "type")
+        if not job_type:
+            raise InvalidInput("give the job type to limit")
+        wanted = Limit(
+            job_type,
+            concurrency=_whole(form, "concurrency"),
+            group_concurrency=_whole(form, "group_concurrency"),
+            rate=_whole(form, "rate"),
+            per=_seconds(form, "per"),
+        )
+
+        def work() -> actions.Done:
+            with c.conn() as conn:
+                return actions.set_limit(conn, who, job_type, wanted)
+
+        return c.acted(request, form, await _threaded(work))
+
+    async def limit_clear(request: Request) -> Response:
+        who, form = await c.actor(request)
+        job_type = form_field(form, "type")
+        if not job_type:
+            raise InvalidInput("give the job type whose limits to clear")
+
+        def work() -> actions.Done:
+            with c.conn() as conn:
+                return actions.clear_limit(conn, who, job_type)
+
+        return c.acted(request, form, await _threaded(work))
+
     def schedule_action(suspend: bool) -> Any:
         async def endpoint(request: Request) -> Response:
             who, form = await c.actor(request)
@@ -299,6 +332,8 @@ def build_routes(c: Console) -> list[Route | Mount]:
         Route("/types", types),
         Route("/types/pause", types_action(True), methods=["POST"]),
         Route("/types/resume", types_action(False), methods=["POST"]),
+        Route("/types/limit", limit_set, methods=["POST"]),
+        Route("/types/limit/clear", limit_clear, methods=["POST"]),
         Route("/workers", workers_page),
         Route("/audit", audit),
         Route("/login", login_page),
@@ -320,3 +355,23 @@ def _bulk_of(form: FormData) -> tuple[actions.Bulk, int | None]:
 async def _threaded(work: Callable[[], actions.Done]) -> actions.Done:
     """Run an action's database work on the thread pool, off the event loop."""
     return await run_in_threadpool(work)
+
+
+def _whole(form: Any, name: str) -> int | None:
+    """A whole number from a form field (None when empty); `InvalidInput` otherwise."""
+    value = _parsed(form, name, int, "a whole number")
+    return None if value is None else int(value)
+
+
+def _seconds(form: Any, name: str) -> float | None:
+    return _parsed(form, name, float, "a number of seconds")
+
+
+def _parsed(form: Any, name: str, parse: Callable[[str], float], what: str) -> float | None:
+    text = form_field(form, name)
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError:
+        raise InvalidInput(f"{name} must be {what}, not {text!r}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from rota import schedule_store
@@ -137,3 +138,49 @@ def test_next_never_leads_to_another_site(operator, conn):
         follow_redirects=False,
     )  # fmt: skip
     assert response.headers["location"] == "/"
+
+
+def test_set_and_clear_a_limit_audited(client, conn):
+    response = client.post(
+        "/types/limit",
+        data={"type": "payment", "concurrency": "5", "rate": "100", "per": "60"},
+        headers=JSON,
+    )
+    assert response.json() == {
+        "action": "set-limit",
+        "rows": 1,
+        "message": "payment: concurrency 5, 100 per 60s",
+    }
+    row = conn.execute("SELECT concurrency, rate, per_seconds FROM rota.job_limit").fetchone()
+    assert row == {"concurrency": 5, "rate": 100, "per_seconds": 60.0}
+    assert "concurrency 5, 100 per 60s" in client.get("/types", headers=BEARER).text
+    client.post("/types/limit/clear", data={"type": "payment"}, headers=JSON)
+    assert conn.execute("SELECT count(*) AS n FROM rota.job_limit").fetchone()["n"] == 0
+    [first, second] = audit_rows(conn)
+    assert (first["action"], first["target"]) == (
+        "set-limit",
+        {"type": "payment", "concurrency": 5, "group_concurrency": None, "rate": 100, "per": 60.0},
+    )
+    assert (second["action"], second["target"], second["rows"]) == (
+        "clear-limit",
+        {"type": "payment"},
+        1,
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"type": "payment"},
+        {"type": "payment", "concurrency": "0"},
+        {"type": "payment", "concurrency": "five"},
+        {"type": "payment", "rate": "5"},
+        {"type": "payment", "rate": "5", "per": "soon"},
+        {"concurrency": "5"},
+    ],
+)
+def test_a_bad_limit_is_refused_and_nothing_is_written(client, conn, fields):
+    response = client.post("/types/limit", data=fields, headers=JSON)
+    assert response.status_code == 400
+    assert conn.execute("SELECT count(*) AS n FROM rota.job_limit").fetchone()["n"] == 0
+    assert audit_rows(conn) == []
