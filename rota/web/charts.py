@@ -126,11 +126,18 @@ def chart(
     def x(t: datetime) -> float:
         return LEFT + max(0.0, min(1.0, (t - start).total_seconds() / seconds)) * plot_w
 
+    xs = {t: x(t) for points in kept.values() for t, _ in points}  # lines share their times
+    scale = plot_h / top
+
     def y(v: float) -> float:
         return TOP + plot_h - v / top * plot_h
 
     drawn = tuple(
-        Line(name, " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points), f"s{i + 1}")
+        Line(
+            name,
+            " ".join(f"{xs[t]:.1f},{TOP + plot_h - v * scale:.1f}" for t, v in points),
+            f"s{i + 1}",
+        )
         for i, (name, points) in enumerate(kept.items())
     )
     y_ticks = tuple((y(top * k / 4), _number(top * k / 4)) for k in range(5))
@@ -146,7 +153,7 @@ def chart(
     step = span.bucket.total_seconds() / seconds * plot_w
     hovers = tuple(
         Hover(
-            x(t) - step / 2,
+            xs[t] - step / 2,
             step,
             f"{t.strftime('%a %H:%M')} UTC: "
             + ", ".join(f"{name} {_number(values[name][t])}" for name in kept if t in values[name]),
