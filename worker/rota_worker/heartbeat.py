@@ -60,7 +60,10 @@ class Heartbeat:
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the thread (on the event loop, which then turns: the time spent
+        waiting for the database before is neither a stall nor a missed heartbeat)."""
         self._loop = loop
+        self.last_ok = self.loop_tick = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rota-heartbeat", daemon=True)
         self._thread.start()
 
