@@ -10,13 +10,17 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from rota import limits
+from rota.errors import InvalidInput
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -87,6 +91,38 @@ def positive_int(text: str, maximum: int = limits.INTEGER_MAX) -> int:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     if value > maximum:
         raise argparse.ArgumentTypeError(f"must be at most {maximum}: {text!r}")
+    return value
+
+
+def checked(convert: Callable[[str], T], check: Callable[[T, str], object]) -> Callable[[str], T]:
+    """argparse type: `convert` the text, then `check` it (a `rota.limits` function).
+
+    argparse puts the option's name before the reason: `argument --priority: must
+    be a whole number from 0 (first) to 9, not 10`."""
+
+    def parse(text: str) -> T:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        try:
+            check(value, "")
+        except InvalidInput as exc:
+            raise argparse.ArgumentTypeError(str(exc).strip()) from None
+        return value
+
+    parse.__name__ = getattr(check, "__name__", "value")
+    return parse
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
     return value
 
 

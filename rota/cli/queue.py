@@ -6,8 +6,15 @@ import argparse
 import os
 from typing import Any
 
-from rota import control
-from rota.cli.common import UsageError, database_url, parse_instant, parse_json, positive_int
+from rota import control, limits
+from rota.cli.common import (
+    UsageError,
+    checked,
+    database_url,
+    parse_instant,
+    parse_json,
+    positive_int,
+)
 from rota.enqueue import enqueue
 from rota.migrate import KEY_INDEXES, describe_key_index, migrate, use_key_index
 from rota.settings import QueueSettings
@@ -37,10 +44,17 @@ def register(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key: an existing key prints the existing id")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--run-at", help="ISO-8601 instant to run at (UTC when no offset)")
-    when.add_argument("--delay", type=float, help="seconds from now")
+    when.add_argument("--delay", type=checked(float, limits.delay_seconds), help="seconds from now")
     p.add_argument("--max-attempts", type=positive_int)
-    p.add_argument("--priority", type=int, help="0 (runs first) to 9; default 0")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit of each attempt")
+    p.add_argument(
+        "--priority", type=checked(int, limits.priority), help="0 (runs first) to 9; default 0"
+    )
+    p.add_argument(
+        "--timeout",
+        type=checked(float, limits.timeout_seconds),
+        metavar="SECONDS",
+        help="time limit of each attempt",
+    )
     unique = p.add_mutually_exclusive_group()
     unique.add_argument(
         "--unique-for",

@@ -11,10 +11,12 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from rota import archive, cron, schedule_store
+from rota import archive, cron, limits, schedule_store
 from rota.cli.common import (
     UsageError,
+    checked,
     database_url,
+    non_negative_int,
     parse_instant,
     parse_json,
     positive_int,
@@ -36,11 +38,24 @@ def register(sub: Any) -> None:
     p.add_argument("--timezone", default="UTC", help="IANA time zone (default UTC)")
     p.add_argument("--payload", help="JSON payload of each job (default {})")
     p.add_argument("--max-attempts", type=positive_int)
-    p.add_argument("--spread-seconds", type=int, default=0, help="spread run_at over N seconds")
+    p.add_argument(
+        "--spread-seconds", type=non_negative_int, default=0, help="spread run_at over N seconds"
+    )
     p.add_argument("--concurrency-policy", choices=schedule_store.POLICIES, default="Allow")
-    p.add_argument("--starting-deadline-seconds", type=int, help="drop a slot later than this")
-    p.add_argument("--priority", type=int, help="priority of each slot's job: 0 (first) to 9")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="each job's time limit")
+    p.add_argument(
+        "--starting-deadline-seconds", type=positive_int, help="drop a slot later than this"
+    )
+    p.add_argument(
+        "--priority",
+        type=checked(int, limits.priority),
+        help="priority of each slot's job: 0 (first) to 9",
+    )
+    p.add_argument(
+        "--timeout",
+        type=checked(float, limits.timeout_seconds),
+        metavar="SECONDS",
+        help="each job's time limit",
+    )
     p.add_argument("--group", help="each job's concurrency group (see rota limit)")
     p.add_argument("--suspend", action="store_true", help="store it suspended")
     p.set_defaults(func=cmd_add)

@@ -13,8 +13,9 @@ import signal
 import threading
 from typing import Any
 
+from rota import limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
-from rota.cli.common import database_url, parse_duration
+from rota.cli.common import checked, database_url, parse_duration
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.migrate import require_current
 from rota.reaper import Reaper, ReaperSettings
@@ -26,7 +27,13 @@ log = logging.getLogger("rota")
 
 def register(sub: Any) -> None:
     p = sub.add_parser("reaper", help="run only the reaper loop")
-    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument(
+        "--interval",
+        type=checked(float, limits.interval_seconds),
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between passes (default 5)",
+    )
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.set_defaults(func=cmd_reaper)
 

@@ -240,3 +240,23 @@ def test_a_closed_pipe_ends_quietly(walk_db: str, pg_server: Any, template_db: s
         assert err == b""
     finally:
         pg_server.drop(name)
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["enqueue", "t", "--priority", "10"], "--priority"),
+        (["enqueue", "t", "--timeout", "0"], "--timeout"),
+        (["schedule", "add", "s", "--type", "t", "--cron", "@daily", "--spread-seconds", "-1"],
+         "--spread-seconds"),
+        (["reaper", "--interval", "0"], "--interval"),
+        (["worker", "--lease", "0"], "--lease"),
+        (["worker", "--metrics-port", "99999"], "--metrics-port"),
+        (["exporter", "--port", "70000"], "--port"),
+    ],
+)  # fmt: skip
+def test_range_errors_name_their_option(
+    walk_db: str, in_process: InProcess, args: list[str], option: str
+) -> None:
+    line = one_line(*in_process(walk_db, args), expected=2)
+    assert option in line, line

@@ -56,8 +56,8 @@ def test_add_list_suspend_resume_remove(db_url: str, conn: Conn) -> None:
         (["--cron", "@reboot"], "unknown macro"),
         (["--cron", "0 * * * *", "--timezone", "Europe/Atlantis"], "unknown time zone"),
         (["--cron", "0 * * * *", "--payload", "{bad"], "not valid JSON"),
-        (["--cron", "0 * * * *", "--spread-seconds", "-5"], "spread_seconds"),
-        (["--cron", "0 * * * *", "--starting-deadline-seconds", "0"], "starting_deadline"),
+        (["--cron", "0 * * * *", "--spread-seconds", "-5"], "argument --spread-seconds"),
+        (["--cron", "0 * * * *", "--starting-deadline-seconds", "0"], "--starting-deadline"),
         (["--cron", "0 * * * *", "--concurrency-policy", "Replace"], "invalid choice"),
     ],
 )

@@ -15,7 +15,8 @@ import sys
 import threading
 from typing import Any
 
-from rota.cli.common import UsageError, database_url, port_number, positive_int
+from rota import limits
+from rota.cli.common import UsageError, checked, database_url, port_number, positive_int
 from rota.handlers import check_served
 
 
@@ -38,9 +39,18 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--types", help="comma-separated job types to claim (default: all handled)")
     p.add_argument("--concurrency", type=positive_int, default=10)
-    p.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
-    p.add_argument("--grace-period", type=float, default=25.0, metavar="SECONDS")
-    p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
+    p.add_argument(
+        "--lease", type=checked(float, limits.lease_seconds), default=30.0, metavar="SECONDS"
+    )
+    p.add_argument(
+        "--grace-period", type=checked(float, limits.delay_seconds), default=25.0, metavar="SECONDS"
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=checked(float, limits.interval_seconds),
+        default=1.0,
+        metavar="SECONDS",
+    )
     p.add_argument(
         "--job-timeout",
         type=float,
@@ -66,7 +76,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--no-scheduler", action="store_true")
     p.add_argument("--no-reaper", action="store_true")
-    p.add_argument("--metrics-port", type=int, metavar="PORT")
+    p.add_argument("--metrics-port", type=port_number, metavar="PORT")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="Rota on an embedded PostgreSQL with sample jobs")
