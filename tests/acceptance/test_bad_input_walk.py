@@ -10,6 +10,7 @@ closed pipe) runs `python -m rota`.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -105,7 +106,12 @@ def in_process(
     def run_main(url: str, args: list[str]) -> tuple[int, str]:
         monkeypatch.setenv("ROTA_DATABASE_URL", url)
         capsys.readouterr()
-        code = main(args)
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        try:
+            code = main(args)  # sets up logging for a command line: undone after
+        finally:
+            root.handlers[:], root.level = handlers, level
         return code, capsys.readouterr().err
 
     return run_main
