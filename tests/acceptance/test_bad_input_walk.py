@@ -53,6 +53,9 @@ BAD_INPUT: dict[str, list[list[str]]] = {
     ],
     "demo": [["--seconds", "soon"], ["--port", "70000"]],
     "exporter": [["--port", "70000"], ["--cache", "-1"]],
+    "limit set": [["t", "--concurrency", "0"], ["t", "--rate", "5"], []],
+    "limit clear": [[]],
+    "limit list": [["--json", "x"]],
 }
 
 HANDLER_MODULES = {

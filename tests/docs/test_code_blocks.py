@@ -3,8 +3,9 @@
 The line before a ```python fence is an HTML comment (invisible on the page):
 `<!-- fragment: why it cannot run alone -->`, or `<!-- tested: tests/... -->`
 naming the test that runs it. Blocks marked as tested by this file run here,
-each in a process of its own, with `psycopg` and `rota` imported and `dsn` the
-URL of a migrated database that has a table `orders (id integer)`.
+each in a process of its own, with `psycopg` and `rota` imported, `dsn` the
+URL of a migrated database that has a table `orders (id integer)` and `conn`
+an autocommit connection to it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ ROOT = Path(__file__).parents[2]
 THIS = "tests/docs/test_code_blocks.py"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARK = re.compile(r"^\s*<!-- (fragment|tested): (.+?) -->$")
-PRELUDE = "import sys\n\nimport psycopg\n\nimport rota\n\ndsn = sys.argv[1]\n"
+PRELUDE = (
+    "import sys\n\nimport psycopg\n\nimport rota\n\n"
+    "dsn = sys.argv[1]\nconn = psycopg.connect(dsn, autocommit=True)\n"
+)
 
 
 def blocks() -> list[tuple[str, str, str]]:
