@@ -30,6 +30,9 @@ from rota_worker.link import Deadlines
 
 log = logging.getLogger("rota.worker")
 
+STOP_WAIT_SECONDS = 1.0
+"""How long a stopping worker waits for a heartbeat in flight."""
+
 LOOP_TICK_SECONDS = 0.1
 """How often the event loop marks that it turns (for the stall watch)."""
 
@@ -68,9 +71,13 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop beating. A beat still waiting for the database is not waited for long:
+        the thread is a daemon, and a stopping worker must not outlast its grace."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.deadlines.answer_seconds + 1)
+            self._thread.join(timeout=STOP_WAIT_SECONDS)
+            if self._thread.is_alive():
+                return  # its connection goes with the process
         self._close()
 
     async def tick_loop(self) -> None:
