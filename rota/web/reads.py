@@ -53,6 +53,13 @@ class Overview:
                     f"{m.due} due {name} job(s) and no live worker serves {name}",
                     f"/jobs?status=ready&type={quote(name)}",
                 ))  # fmt: skip
+        for limit in self.status.limits:
+            if limit.limited:
+                said = (
+                    f"a limit holds back {limit.held} due {limit.type} job(s)"
+                    f" ({limit.describe()})"
+                )
+                found.append((said, "/types#limit-list"))
         if self.all_paused:
             found.append(("every type is paused", "/types"))
         elif self.paused:
@@ -65,6 +72,10 @@ class Overview:
         if self.missed_slots:
             found.append((f"{self.missed_slots} missed schedule slot(s)", "/schedules"))
         return found
+
+    def held(self, job_type: str) -> int:
+        """Due jobs of this type that its limits hold back now."""
+        return sum(limit.held for limit in self.status.limits if limit.type == job_type)
 
     @property
     def all_paused(self) -> bool:

@@ -177,3 +177,17 @@ def test_times_are_relative_with_the_absolute_time_on_hover(client, conn):
     job_id = add_job(conn, "email", "dead", finished_at=datetime.now(UTC) - timedelta(minutes=3))
     page = client.get(f"/jobs/{job_id}", headers=PAGE).text
     assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">3 min ago</time>', page)
+
+
+def test_the_overview_shows_limits_holding_jobs_back(client, conn):
+    from rota import flow
+
+    workers.register(conn, workers.WorkerInfo("w1", concurrency=4, types=("payment",)))
+    flow.set_limit(conn, "payment", concurrency=1)
+    add_job(conn, "payment", "running", locked_by="w1", started_at=datetime.now(UTC))
+    for _ in range(3):
+        add_job(conn, "payment", "ready")
+    page = client.get("/", headers=PAGE).text
+    strip = page[page.index('id="warnings"') :].split("</ul>")[0]
+    assert "a limit holds back 3 due payment job(s) (concurrency 1)" in strip
+    assert re.search(r'class="count warn" href="/types#limit-list">limited: 3 held<', page)
