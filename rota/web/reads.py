@@ -55,10 +55,8 @@ class Overview:
                 ))  # fmt: skip
         for limit in self.status.limits:
             if limit.limited:
-                said = (
-                    f"a limit holds back {limit.held} due {limit.type} job(s)"
-                    f" ({limit.describe()})"
-                )
+                held = f"{limit.held} due {limit.type} job(s)"
+                said = f"a limit holds back {held} ({limit.describe()})"
                 found.append((said, "/types#limit-list"))
         if self.all_paused:
             found.append(("every type is paused", "/types"))
