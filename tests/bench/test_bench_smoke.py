@@ -209,3 +209,20 @@ def _installed(name: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_worker_variants_drain_side_by_side(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    printed = run_module(
+        "bench.workers_ab",
+        *("--variant", f"plain={sys.executable}"),
+        *("--variant", f"lazy={sys.executable} --no-eager-tasks"),
+        *("--rounds", "1", "--jobs", "300", "--json", str(out)),
+    )
+    rows = json.loads(out.read_text())
+    assert [(r["variant"], r["processes"]) for r in rows] == [
+        ("plain", 1), ("plain", 2), ("lazy", 1), ("lazy", 2),
+    ]  # fmt: skip
+    for row in rows:
+        assert row["rate"] > 0 and row["server_cpu"] >= 0 and row["worker_cpu"] >= 0
+    assert "| lazy |" in printed
