@@ -6,6 +6,7 @@ stopped carrying (a TCP proxy started here that stops forwarding)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
 import time
@@ -20,10 +21,12 @@ from rota import claim as claims
 from rota.handlers import Handler
 from rota.jobs import Job
 from rota.settings import ConnectionSettings
+from rota_worker import listener as listener_module
 from rota_worker.execute import Execution
 from rota_worker.heartbeat import Heartbeat
 from rota_worker.leases import LeaseKeeper
 from rota_worker.link import Deadlines
+from rota_worker.listener import Listener
 from tests.acceptance.procs import wait_for
 from tests.worker.test_parts import _async_handlers, _noop, _running, row
 
@@ -230,3 +233,30 @@ def test_every_worker_connection_carries_its_timeouts(db_url) -> None:
         assert "tcp_user_timeout=20000" in plain.info.dsn
     with contextlib.closing(deadlines.connect(db_url, "heartbeat", lock_timeout=True)) as beat:
         assert beat.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "500ms"}
+
+
+def test_a_listener_whose_connection_stops_answering_reconnects(db_url, monkeypatch) -> None:
+    # Its connection carries nothing more: no notification, no error. Its periodic
+    # check meets the answer deadline, and it listens again on a new connection
+    # (after which it wakes the claim loop: notifications may have been missed).
+    monkeypatch.setattr(listener_module, "CHECK_SECONDS", 0.2)
+    deadlines = Deadlines(ConnectionSettings(answer_timeout_seconds=1))
+    wake = threading.Event()
+    with _proxy(db_url) as (proxy, through):
+        listener = Listener(
+            through, wake, functools.partial(deadlines.connect, through, "listen"), deadlines.watch
+        )
+        listener.start()
+        try:
+            wait_for(wake.is_set, 20, "the listener to listen")
+            wake.clear()
+            proxy.freeze()
+            wait_for(lambda: deadlines.severed >= 1, 20, "the dead connection to be noticed")
+            wait_for(wake.is_set, 20, "the listener to listen again")
+            wake.clear()
+            with psycopg.connect(db_url, autocommit=True) as other:
+                rota.enqueue(other, "t")  # its NOTIFY reaches the new connection
+            wait_for(wake.is_set, 20, "a notification on the new connection")
+        finally:
+            listener.stop()
+            listener.join(timeout=10)

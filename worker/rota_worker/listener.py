@@ -40,22 +40,22 @@ class Listener(threading.Thread):
         self._connect = connect or (
             lambda: db.connect(self.dsn, application_name="rota-worker-listen")
         )
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         delay = 0.1
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self._listen()
                 delay = 0.1
             except Exception as exc:  # the listener must outlive any outage
-                if self._stop.is_set():
+                if self._stopping.is_set():
                     return
                 log.debug("listener: %s; reconnecting in %.1fs", exc, delay)
-                self._stop.wait(delay)
+                self._stopping.wait(delay)
                 delay = min(delay * 2, 5.0)
 
     def _listen(self) -> None:
@@ -65,7 +65,7 @@ class Listener(threading.Thread):
             # After (re)connecting, wake the claim loop: notifications may have been missed.
             self.wake.set()
             check_at = time.monotonic() + CHECK_SECONDS
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 for _ in conn.notifies(timeout=1.0):
                     self.wake.set()
                 if time.monotonic() >= check_at:
