@@ -35,7 +35,8 @@ SELECT type FROM cleared LEFT JOIN woken ON true
 -- name: limit_states
 -- Every limit with what it holds back now: due jobs of the type that no claim
 -- may take at this instant (the concurrency, the rate or the groups' room is
--- used up). One pass over the type's ready and running rows, grouped by group.
+-- used up). Reads the type's due jobs (job_group_ready_idx) and its running
+-- ones (job_running_idx), grouped by group; never the done rows.
 SELECT l.type, l.concurrency, l.group_concurrency, l.rate, l.per_seconds,
        t.due, t.running, w.starts AS recent_starts,
        t.due - least(t.due,
@@ -48,12 +49,18 @@ CROSS JOIN LATERAL (
            coalesce(sum(g.running), 0)::bigint AS running,
            coalesce(sum(least(g.due, greatest(coalesce(l.group_concurrency - g.running, g.due),
                                               0))), 0)::bigint AS group_room
-    FROM (SELECT count(*) FILTER (WHERE status = 'ready'
-                                    AND run_at <= coalesce(%(now)s::timestamptz, now())) AS due,
-                 count(*) FILTER (WHERE status = 'running') AS running
-          FROM rota.job
-          WHERE type = l.type AND status IN ('ready', 'running')
-          GROUP BY group_key) AS g
+    FROM (SELECT sum(u.due) AS due, sum(u.running) AS running
+          FROM (SELECT group_key, count(*) AS due, 0 AS running
+                FROM rota.job
+                WHERE type = l.type AND status = 'ready'
+                  AND run_at <= coalesce(%(now)s::timestamptz, now())
+                GROUP BY group_key
+                UNION ALL
+                SELECT group_key, 0, count(*)
+                FROM rota.job
+                WHERE type = l.type AND status = 'running'
+                GROUP BY group_key) AS u
+          GROUP BY u.group_key) AS g
 ) AS t
 CROSS JOIN LATERAL (
     SELECT count(*) AS starts FROM unnest(l.starts) AS s

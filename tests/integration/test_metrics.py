@@ -229,6 +229,19 @@ def test_prometheus_output_parses_back_with_every_measure(conn, db_url):
     assert "_created" not in queue + worker
 
 
+def test_a_type_whose_limit_holds_jobs_back_is_limited(conn, db_url):
+    due = datetime.now(UTC) - timedelta(minutes=1)  # the exporter reads the database clock
+    for status in ("ready", "ready", "running"):
+        add_job(conn, "payment", status, run_at=due)
+    add_job(conn, "email", "ready", run_at=due)
+    conn.execute(
+        "INSERT INTO rota.job_limit (type, concurrency) VALUES ('payment', 1), ('email', 5)"
+    )
+    got = samples(generate_latest(queue_registry(db_url)).decode())
+    assert got[("rota_job_type_limited", frozenset({("type", "payment")}))] == 1
+    assert got[("rota_job_type_limited", frozenset({("type", "email")}))] == 0
+
+
 def test_record_outcome_rejects_an_unknown_outcome():
     with pytest.raises(ValueError, match="unknown outcome"):
         record_outcome("email", "exploded", 1.0, 1)
@@ -376,6 +389,8 @@ def test_no_metrics_query_scans_the_job_table(conn):
     assert seq_scans_job(b"SELECT count(*) FROM rota.job WHERE status = 'done'")
     for name in _metrics_queries():
         assert not seq_scans_job(sql.query(name).encode()), name
+    conn.execute("INSERT INTO rota.job_limit (type, concurrency) VALUES ('email', 1)")
+    assert not seq_scans_job(sql.query("limit_states").encode())
 
 
 def test_exporter_refuses_bad_input_in_one_line(capsys):

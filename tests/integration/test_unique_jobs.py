@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 import rota
+import rota.control
 from rota.claim import Attempt, claim, write_outcomes
 from rota.errors import InvalidInput
 from rota.jobs import Outcome
@@ -181,3 +182,22 @@ def test_concurrent_enqueues_in_open_transactions_wait_for_the_holder(
         waiter.join(timeout=30)
         other.commit()
         assert (result[0] == first) == (outcome == "commit")
+
+
+def test_retrying_ended_jobs_never_makes_two_active_jobs_with_a_key(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A dead unique_active job is revived only while no other job holds its key,
+    and of two ended jobs with one key, one is revived."""
+    first = rota.enqueue(conn, "sync", key="acct", unique_active=True)
+    conn.execute("UPDATE rota.job SET status = 'dead', finished_at = now() WHERE id = %s", (first,))
+    second = rota.enqueue(conn, "sync", key="acct", unique_active=True)
+    assert second != first
+    assert rota.control.retry(conn, [first]) == []  # the key is held by the second
+    conn.execute(
+        "UPDATE rota.job SET status = 'dead', finished_at = now() WHERE id = %s", (second,)
+    )
+    revived = rota.control.retry(conn, [first, second])
+    assert len(revived) == 1
+    assert count(conn, "status = 'ready'") == 1
+    assert rota.enqueue(conn, "sync", key="acct", unique_active=True) == revived[0]
