@@ -126,7 +126,11 @@ def test_a_task_that_fails_every_attempt_is_failed_with_every_error(
     )
     assert result.status == TaskResultStatus.FAILED
     assert len(result.errors) == 3 and result.attempts == 3
-    assert {e.exception_class_path for e in result.errors} == {"DoesNotExist"}
+    assert {e.exception_class_path for e in result.errors} == {"orders.models.Order.DoesNotExist"}
+    assert result.errors[0].traceback.startswith(
+        "orders.models.Order.DoesNotExist: Order matching query does not exist.\n"
+    )
+    assert "orders/tasks.py" in result.errors[0].traceback  # the task's own frames
     with pytest.raises(ValueError, match="Task failed"):
         _ = result.return_value
     with pytest.raises(TaskResultDoesNotExist):

@@ -43,7 +43,7 @@ from psycopg.conninfo import make_conninfo
 
 import rota
 from rota import lookup
-from rota.errors import InvalidInput, JobNotFound
+from rota.errors import InvalidInput, JobNotFound, RotaError
 from rota.jobs import Job, Status
 
 TYPE_PREFIX = "django:"
@@ -151,9 +151,32 @@ def _exception_path(error: str) -> str:
     return f"builtins.{name}" if isinstance(getattr(builtins, name, None), type) else name
 
 
+_NAMED: dict[type[BaseException], type[Exception]] = {}
+
+
+def _named(kind: type[BaseException]) -> type[Exception]:
+    """A stand-in for `kind` whose name is its full path: Rota's error text starts
+    with its class's name, and Django's TaskError wants the path."""
+    if kind not in _NAMED:
+        path = f"{kind.__module__}.{kind.__qualname__}"
+        _NAMED[kind] = type(path, (Exception,), {"__module__": kind.__module__})
+    return _NAMED[kind]
+
+
 def run_task(job: Job) -> Any:
     """The handler of every Django queue: call the task with its arguments, with
-    Django's connections handled as around a request."""
+    Django's connections handled as around a request. A task's exception is
+    written with its class's full path (Rota's own, `Retry` and `Permanent`,
+    keep their meaning)."""
+    try:
+        return _run_task(job)
+    except Exception as exc:
+        if isinstance(exc, RotaError) or type(exc).__module__ == "builtins":
+            raise
+        raise _named(type(exc))(str(exc)).with_traceback(exc.__traceback__) from None
+
+
+def _run_task(job: Job) -> Any:
     close_old_connections()
     try:
         payload = job.payload
