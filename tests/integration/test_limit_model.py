@@ -79,8 +79,8 @@ class LimitedClaims(RuleBasedStateMachine):
             self.limits.pop(job_type, None)
             return
         per = None if rate is None else 60.0
-        if job_type not in self.limits:
-            self.starts[job_type] = []  # a rate counts the starts since its limit was set
+        if self.limits.get(job_type, {}).get("rate") is None:
+            self.starts[job_type] = []  # a rate counts the starts since it was set
         rota.set_limit(self.conn, job_type, concurrency, group_concurrency, rate, per, now=self.now)
         self.limits[job_type] = {
             "concurrency": concurrency,
@@ -159,7 +159,7 @@ class LimitedClaims(RuleBasedStateMachine):
                 self.over.discard(job_type)
         for jobs, _, _ in claims:
             for job in jobs:
-                if job.type in self.limits:
+                if self.limits.get(job.type, {}).get("rate") is not None:
                     self.starts[job.type].append(self.now)
         for job_type, limit in self.limits.items():
             if job_type not in self.over:
