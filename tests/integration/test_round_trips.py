@@ -1,0 +1,63 @@
+"""Every enqueue is one round trip, sync or async, one job or a batch: counted
+as the Sync messages psycopg sends (its libpq protocol trace). A single job
+whose key is already held takes a second one, to read the holder's id (the
+single-row INSERT returns nothing for it), as it always has."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+
+BATCH = [rota.NewJob("t", {"i": 1}), rota.NewJob("u", key="k", group="g")]
+
+
+@contextmanager
+def round_trips(conn: Any) -> Iterator[list[int]]:
+    """How many round trips `conn` made inside the block (set when it ends)."""
+    counted: list[int] = []
+    with tempfile.TemporaryFile("w+b") as trace:
+        conn.pgconn.trace(trace.fileno())
+        try:
+            yield counted
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().decode(errors="replace").splitlines()
+    counted.append(sum(1 for line in lines if line.split("\t")[1:4:2] == ["F", "Sync"]))
+
+
+def test_sync_enqueues_are_one_round_trip_each(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for call, trips in (
+            (lambda: rota.enqueue(conn, "t", {"a": 1}, group="g"), 1),
+            (lambda: rota.enqueue(conn, "t", key="once"), 1),
+            (lambda: rota.enqueue(conn, "t", key="once"), 2),  # the key held: its id read
+            (lambda: rota.enqueue_many(conn, BATCH), 1),
+            (lambda: rota.enqueue_many(conn, BATCH), 1),  # keys held: a batch reads them
+        ):
+            with round_trips(conn) as made:
+                call()
+            assert made == [trips]
+
+
+@pytest.mark.asyncio
+async def test_async_enqueues_are_one_round_trip_each(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        calls: list[tuple[Callable[[], Awaitable[Any]], int]] = [
+            (lambda: rota.enqueue_async(conn, "t", {"a": 1}, group="g"), 1),
+            (lambda: rota.enqueue_async(conn, "t", key="once"), 1),
+            (lambda: rota.enqueue_async(conn, "t", key="once"), 2),
+            (lambda: rota.enqueue_many_async(conn, BATCH), 1),
+            (lambda: rota.enqueue_many_async(conn, BATCH), 1),
+        ]
+        for call, trips in calls:
+            with round_trips(conn) as made:
+                await call()
+            assert made == [trips]
