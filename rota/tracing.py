@@ -10,8 +10,8 @@ and an error of the attempt recorded on its span.
 
 Without opentelemetry-api nothing is imported past the first look for it and
 nothing is stored: `enabled()` is False for good. With it, spans go wherever
-the application's tracer provider sends them (nowhere until one is set up,
-and then no trace context is stored either).
+the application's tracer provider sends them; until the application sets one,
+Rota makes no span and stores no trace context.
 """
 
 from __future__ import annotations
@@ -44,6 +44,17 @@ def enabled() -> bool:
     return _api is not False
 
 
+def _on() -> bool:
+    """True when spans would go somewhere: OpenTelemetry is installed and the
+    application has set a tracer provider (until then Rota makes no span and
+    stores no context, at the cost of this look)."""
+    if not enabled():
+        return False
+    trace = _api[0]
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
 class Sent:
     """The producer span of one enqueue, and the trace context its jobs carry."""
 
@@ -61,8 +72,9 @@ _NOT_TRACED: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def producer(jobs: Sequence[NewJob]) -> contextlib.AbstractContextManager[Sent | None]:
-    """The producer span of an enqueue of `jobs`; None (and no cost) without OpenTelemetry."""
-    if not enabled():
+    """The producer span of an enqueue of `jobs`; None (and no cost) without OpenTelemetry
+    or a tracer provider."""
+    if not _on():
         return _NOT_TRACED
     return _producer(jobs)
 
@@ -94,8 +106,8 @@ def _producer(jobs: Sequence[NewJob]) -> Iterator[Sent | None]:
 def consumer(job: Job) -> contextlib.AbstractContextManager[Any]:
     """The consumer span of one attempt of `job`, current while its handler runs;
     a child of the span that enqueued it (call `ended` with the attempt's outcome).
-    None (and no cost) without OpenTelemetry."""
-    if not enabled():
+    None (and no cost) without OpenTelemetry or a tracer provider."""
+    if not _on():
         return _NOT_TRACED
     return _consumer(job)
 

@@ -176,3 +176,15 @@ def test_without_opentelemetry_nothing_is_imported_or_stored(db_url: str) -> Non
         [sys.executable, "-c", code, db_url], capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_without_a_tracer_provider_no_span_is_made_and_nothing_is_stored(conn) -> None:
+    from rota import tracing
+
+    assert tracing.enabled() and not isinstance(trace.get_tracer_provider(), TracerProvider)
+    job = rota.NewJob("t")
+    with tracing.producer([job]) as sent:
+        assert sent is None
+    job_id = rota.enqueue(conn, "t")
+    stored = conn.execute("SELECT trace_context FROM rota.job WHERE id = %s", (job_id,))
+    assert stored.fetchone()["trace_context"] is None
