@@ -8,25 +8,25 @@
 -- oldest of one status, through job_ended_idx; revived rows leave the status,
 -- so the next batch starts from the beginning again.
 -- A job enqueued with unique_active comes back only while no ready or running
--- job holds its key, and of several with one key, the newest: its key's
--- unique index (job_unique_active_idx) admits one active job.
+-- job holds its key, and of several with one key in the batch, the newest:
+-- its key's unique index (job_unique_active_idx) admits one active job. Those
+-- left out stay ended (and a batch that left some out ends `retry --all`).
 WITH candidates AS (
-    SELECT j.id, j.unique_key, j.unique_active FROM rota.job AS j
-    WHERE j.status = ANY(%(statuses)s::text[])
-      AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
-      AND NOT (j.unique_active
-               AND EXISTS (SELECT FROM rota.job AS held
-                           WHERE held.unique_key = j.unique_key AND held.unique_active
-                             AND held.status IN ('ready', 'running')))
-    ORDER BY j.finished_at
+    SELECT id, unique_key, unique_active FROM rota.job
+    WHERE status = ANY(%(statuses)s::text[])
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE
 ),
 picked AS (
     SELECT c.id FROM candidates AS c
     WHERE NOT c.unique_active
-       OR c.id = (SELECT max(o.id) FROM candidates AS o
-                  WHERE o.unique_active AND o.unique_key = c.unique_key)
+       OR (c.id = (SELECT max(o.id) FROM candidates AS o
+                   WHERE o.unique_active AND o.unique_key = c.unique_key)
+           AND NOT EXISTS (SELECT FROM rota.job AS held
+                           WHERE held.unique_key = c.unique_key AND held.unique_active
+                             AND held.status IN ('ready', 'running')))
 ),
 revived AS (
     UPDATE rota.job AS j
