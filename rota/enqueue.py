@@ -7,20 +7,29 @@ async functions) or an ORM's (see rota.db). Each call is one round trip. A
 duplicate idempotency key never makes a second row; it gives the id of the row
 that holds the key. A key given with `unique_for` holds only for that many
 seconds after its first job, and one given with `unique_active` only while its
-job is ready or running (see `_enqueue_unique`).
+job is ready or running (see `_unique_steps`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, LiteralString
 
 from psycopg.types.json import Jsonb
 
 from rota import limits, sql, tracing
-from rota.db import AConnOrDsn, Conn, ConnOrDsn, aconnection, afetch_all, connection, fetch_all
+from rota.db import (
+    AConn,
+    AConnOrDsn,
+    Conn,
+    ConnOrDsn,
+    aconnection,
+    afetch_all,
+    connection,
+    fetch_all,
+)
 from rota.errors import InvalidInput
 from rota.handlers import registered
 from rota.jobs import NewJob
@@ -56,19 +65,8 @@ def enqueue(
     window after its first job; with `unique_active` only while that job is
     ready or running.
     """
-    job = NewJob(
-        job_type,
-        payload,
-        key,
-        run_at,
-        delay,
-        max_attempts,
-        priority,
-        timeout,
-        group,
-        unique_for=unique_for,
-        unique_active=unique_active,
-    )
+    fields = (job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
+    job = NewJob(*fields, unique_for=unique_for, unique_active=unique_active)
     return enqueue_many(conn_or_dsn, [job], settings=settings, now=now)[0]
 
 
@@ -86,73 +84,97 @@ def enqueue_many(
     """
     if not _jobs(jobs):
         return []
-    if any(_is_unique(job) for job in jobs):
-        return _enqueue_with_unique(conn_or_dsn, jobs, settings, now)
-    statement, params = _statement(jobs, settings, now)
-    with tracing.producer(jobs) as sent, connection(conn_or_dsn) as conn:
-        if sent is not None:
-            params["trace_context"] = sent.context
-        ids = _plain_ids(conn, jobs, statement, params)
+    with (
+        tracing.producer(jobs) as sent,
+        connection(conn_or_dsn) as conn,
+        _atomic(conn, _statements(jobs)),
+    ):
+        steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
+        try:
+            step = next(steps)
+            while True:
+                step = steps.send(fetch_all(conn, *step))
+        except StopIteration as done:
+            ids: list[int] = done.value
         if sent is not None:
             sent.sent(ids)
     return ids
 
 
-def _plain_ids(
-    conn: Conn, jobs: Sequence[NewJob], statement: LiteralString, params: dict[str, Any]
-) -> list[int]:
-    ids = _ids(fetch_all(conn, statement, params))
-    if None in ids:
-        found = fetch_all(conn, sql.query("ids_for_keys"), _missing(jobs, ids))
-        ids = _filled(jobs, ids, found)
-    return _known(ids)
+Step = tuple[LiteralString, dict[str, Any]]
+"""A statement to run and its parameters; the rows it returns are sent back."""
+Steps = Generator[Step, list[dict[str, Any]], list[int]]
+
+
+def _steps(
+    jobs: Sequence[NewJob], settings: QueueSettings, now: datetime | None, context: Any
+) -> Steps:
+    """The statements that enqueue `jobs`, for the sync and the async drivers alike.
+
+    Without unique jobs: one statement for the batch (a second only when a key
+    was taken by a transaction the first could not see). With them: the others
+    in one statement, then one statement per unique job (two when its key is
+    held); the driver runs them in one transaction.
+    """
+    plain = [i for i, job in enumerate(jobs) if not _is_unique(job)]
+    if len(plain) < len(jobs):  # nothing written before every job is checked
+        for job in jobs:
+            _checked(job, settings)
+    ids: dict[int, int] = {}
+    if plain:
+        subset = [jobs[i] for i in plain]
+        statement, params = _statement(subset, settings, now)
+        params["trace_context"] = context
+        found = _ids((yield statement, params))
+        if None in found:
+            held = yield sql.query("ids_for_keys"), _missing(subset, found)
+            found = _filled(subset, found, held)
+        ids.update(zip(plain, _known(found), strict=True))
+    handlers = registered()
+    for i, job in enumerate(jobs):
+        if i not in ids:
+            params = _one_params(
+                job, _checked(job, settings), _priority(job, handlers), settings, now
+            )
+            params["trace_context"] = context
+            ids[i] = yield from _unique_steps(job, params)
+    return [ids[i] for i in range(len(jobs))]
 
 
 def _is_unique(job: NewJob) -> bool:
     return job.unique_for is not None or job.unique_active
 
 
-def _enqueue_with_unique(
-    conn_or_dsn: ConnOrDsn, jobs: Sequence[NewJob], settings: QueueSettings, now: datetime | None
-) -> list[int]:
-    """A batch with unique jobs: the others in one statement, then one statement
-    per unique job, all in one transaction (the caller's, if it has one)."""
-    for job in jobs:
-        _checked(job, settings)
-    plain = [i for i, job in enumerate(jobs) if not _is_unique(job)]
-    handlers = registered()
-    ids: dict[int, int] = {}
-    with tracing.producer(jobs) as sent, connection(conn_or_dsn) as conn, _atomic(conn):
-        context = sent.context if sent is not None else None
-        if plain:
-            subset = [jobs[i] for i in plain]
-            statement, params = _statement(subset, settings, now)
-            params["trace_context"] = context
-            ids.update(zip(plain, _plain_ids(conn, subset, statement, params), strict=True))
-        for i, job in enumerate(jobs):
-            if i not in ids:
-                payload = _checked(job, settings)
-                params = _one_params(job, payload, _priority(job, handlers), settings, now)
-                params["trace_context"] = context
-                ids[i] = _enqueue_unique(conn, job, params)
-        ordered = [ids[i] for i in range(len(jobs))]
-        if sent is not None:
-            sent.sent(ordered)
-    return ordered
+def _statements(jobs: Sequence[NewJob]) -> bool:
+    """Whether the jobs take more than one writing statement: a batch with unique jobs."""
+    return len(jobs) > 1 and any(_is_unique(job) for job in jobs)
 
 
 @contextlib.contextmanager
-def _atomic(conn: Conn) -> Iterator[None]:
-    """The block as one transaction: its own on an autocommit connection; else
-    the caller's, which commits or rolls back the block with the rest."""
-    if not conn.autocommit:
+def _atomic(conn: Conn, several: bool) -> Iterator[None]:
+    """When `several` statements write, the block as one transaction: its own on
+    an autocommit connection; else the caller's, which commits or rolls back the
+    block with the rest. One writing statement needs no block."""
+    if not several or not conn.autocommit:
         yield
         return
     with conn.transaction():
         yield
 
 
-def _enqueue_unique(conn: Conn, job: NewJob, params: dict[str, Any]) -> int:
+@contextlib.asynccontextmanager
+async def _aatomic(conn: AConn, several: bool) -> AsyncIterator[None]:
+    """`_atomic` for asyncio."""
+    if not several or not conn.autocommit:
+        yield
+        return
+    async with conn.transaction():
+        yield
+
+
+def _unique_steps(
+    job: NewJob, params: dict[str, Any]
+) -> Generator[Step, list[dict[str, Any]], int]:
     """One job whose key is unique for a window or while active: its id, or the holder's.
 
     The insert and the look for the holder are two statements, so the look
@@ -171,10 +193,10 @@ def _enqueue_unique(conn: Conn, job: NewJob, params: dict[str, Any]) -> int:
         unique_for=job.unique_for,
     )
     for _ in range(_UNIQUE_TRIES):
-        rows = fetch_all(conn, sql.query(insert), params)
+        rows = yield sql.query(insert), params
         if rows:
             return int(rows[0]["id"])
-        rows = fetch_all(conn, sql.query(holder), {"key": job.key})
+        rows = yield sql.query(holder), {"key": job.key}
         if rows:
             return int(rows[0]["id"])
     raise InvalidInput(  # pragma: no cover - the key changed hands at every try
@@ -197,12 +219,15 @@ async def enqueue_async(
     priority: int | None = None,
     timeout: float | None = None,
     group: str | None = None,
+    unique_for: float | None = None,
+    unique_active: bool = False,
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> int:
     """`enqueue` for asyncio, on a psycopg `AsyncConnection` (in its transaction, never
     committed for it), a SQLAlchemy `AsyncConnection` or `AsyncSession`, or a DSN."""
-    job = NewJob(job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
+    fields = (job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
+    job = NewJob(*fields, unique_for=unique_for, unique_active=unique_active)
     return (await enqueue_many_async(aconn_or_dsn, [job], settings=settings, now=now))[0]
 
 
@@ -213,25 +238,21 @@ async def enqueue_many_async(
     settings: QueueSettings = _DEFAULTS,
     now: datetime | None = None,
 ) -> list[int]:
-    """`enqueue_many` for asyncio: one statement, ids in input order.
-
-    Jobs with `unique_for` or `unique_active` are refused: `enqueue_many` takes them."""
+    """`enqueue_many` for asyncio: the same statements, ids in input order."""
     if not _jobs(jobs):
         return []
-    if any(_is_unique(job) for job in jobs):
-        raise InvalidInput("unique_for and unique_active are not supported by the async enqueue")
-    statement, params = _statement(jobs, settings, now)
     with tracing.producer(jobs) as sent:
-        async with aconnection(aconn_or_dsn) as conn:
-            if sent is not None:
-                params["trace_context"] = sent.context
-            ids = _ids(await afetch_all(conn, statement, params))
-            if None in ids:
-                found = await afetch_all(conn, sql.query("ids_for_keys"), _missing(jobs, ids))
-                ids = _filled(jobs, ids, found)
+        async with aconnection(aconn_or_dsn) as conn, _aatomic(conn, _statements(jobs)):
+            steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
+            try:
+                step = next(steps)
+                while True:
+                    step = steps.send(await afetch_all(conn, *step))
+            except StopIteration as done:
+                ids: list[int] = done.value
         if sent is not None:
-            sent.sent(_known(ids))
-    return _known(ids)
+            sent.sent(ids)
+    return ids
 
 
 def _jobs(jobs: Any) -> bool:

@@ -1,7 +1,8 @@
 """Every enqueue is one round trip, sync or async, one job or a batch: counted
 as the Sync messages psycopg sends (its libpq protocol trace). A single job
 whose key is already held takes a second one, to read the holder's id (the
-single-row INSERT returns nothing for it), as it always has."""
+single-row INSERT returns nothing for it), as it always has; so does one whose
+key is unique for a window or while active."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def test_sync_enqueues_are_one_round_trip_each(db_url: str) -> None:
             (lambda: rota.enqueue(conn, "t", key="once"), 2),  # the key held: its id read
             (lambda: rota.enqueue_many(conn, BATCH), 1),
             (lambda: rota.enqueue_many(conn, BATCH), 1),  # keys held: a batch reads them
+            (lambda: rota.enqueue(conn, "t", key="u", unique_active=True), 1),
+            (lambda: rota.enqueue(conn, "t", key="u", unique_active=True), 2),  # its holder read
+            (lambda: rota.enqueue(conn, "t", key="w", unique_for=60), 1),
+            (lambda: rota.enqueue(conn, "t", key="w", unique_for=60), 2),
         ):
             with round_trips(conn) as made:
                 call()
@@ -56,6 +61,10 @@ async def test_async_enqueues_are_one_round_trip_each(db_url: str) -> None:
             (lambda: rota.enqueue_async(conn, "t", key="once"), 2),
             (lambda: rota.enqueue_many_async(conn, BATCH), 1),
             (lambda: rota.enqueue_many_async(conn, BATCH), 1),
+            (lambda: rota.enqueue_async(conn, "t", key="u", unique_active=True), 1),
+            (lambda: rota.enqueue_async(conn, "t", key="u", unique_active=True), 2),
+            (lambda: rota.enqueue_async(conn, "t", key="w", unique_for=60), 1),
+            (lambda: rota.enqueue_async(conn, "t", key="w", unique_for=60), 2),
         ]
         for call, trips in calls:
             with round_trips(conn) as made:

@@ -3,12 +3,15 @@ active (unique_active), alone, in batches, and under concurrent enqueues."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 import rota
 import rota.control
@@ -18,6 +21,24 @@ from rota.jobs import Outcome
 from tests.integration.test_flow_limits import wait_for_lock_wait
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def in_threads(n: int, target: Callable[[], object]) -> list[BaseException]:
+    """Run `target` in `n` threads at once; the exceptions they raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run) for _ in range(n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    return errors
 
 
 def count(conn: psycopg.Connection[Any], where: str = "true") -> int:
@@ -138,27 +159,18 @@ def test_concurrent_enqueues_of_one_key_make_one_job(db_url: str, mode: str) -> 
     threads = 12
     start = threading.Barrier(threads)
     ids: list[int] = []
-    errors: list[BaseException] = []
     kwargs: dict[str, Any] = (
         {"unique_for": 600} if mode == "unique_for" else {"unique_active": True}
     )
 
     def enqueue_one() -> None:
-        try:
-            with psycopg.connect(db_url, autocommit=True) as c:
-                start.wait(timeout=30)
-                for _ in range(5):
-                    ids.append(rota.enqueue(c, "t", key="hot", **kwargs))
-                    ids.append(rota.enqueue_many(c, [rota.NewJob("t", key="hot", **kwargs)])[0])
-        except BaseException as exc:
-            errors.append(exc)
+        with psycopg.connect(db_url, autocommit=True) as c:
+            start.wait(timeout=30)
+            for _ in range(5):
+                ids.append(rota.enqueue(c, "t", key="hot", **kwargs))
+                ids.append(rota.enqueue_many(c, [rota.NewJob("t", key="hot", **kwargs)])[0])
 
-    workers = [threading.Thread(target=enqueue_one) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=60)
-    assert not errors
+    assert not in_threads(threads, enqueue_one)
     assert len(ids) == threads * 10 and len(set(ids)) == 1
     with psycopg.connect(db_url) as c:
         assert c.execute("SELECT count(*) FROM rota.job").fetchone() == (1,)
@@ -201,3 +213,94 @@ def test_retrying_ended_jobs_never_makes_two_active_jobs_with_a_key(
     assert len(revived) == 1
     assert count(conn, "status = 'ready'") == 1
     assert rota.enqueue(conn, "sync", key="acct", unique_active=True) == revived[0]
+
+
+@pytest.mark.asyncio
+async def test_async_enqueues_keep_unique_keys_as_the_sync_ones_do(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+        first = await rota.enqueue_async(c, "refresh", key="acct", unique_for=3600, now=T0)
+        within = T0 + timedelta(minutes=59)
+        assert (
+            await rota.enqueue_async(c, "refresh", key="acct", unique_for=3600, now=within) == first
+        )
+        after = T0 + timedelta(hours=1)
+        later = await rota.enqueue_async(c, "refresh", key="acct", unique_for=3600, now=after)
+        assert later != first
+        active = await rota.enqueue_async(c, "sync", key="a", unique_active=True)
+        batch = [
+            rota.NewJob("sync", key="a", unique_active=True),
+            rota.NewJob("plain"),
+            rota.NewJob("refresh", key="acct", unique_for=3600),
+        ]
+        ids = await rota.enqueue_many_async(c, batch, now=after)
+        assert ids[0] == active and ids[2] == later and len(set(ids)) == 3
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as s:
+        [job] = claim(s, "w", 1, 30, types=["sync"])
+        write_outcomes(s, "w", [Attempt(job.id, job.attempts, Outcome.DONE)])
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            assert await rota.enqueue_async(c, "sync", key="a", unique_active=True) != active
+        assert count(s) == 5
+
+
+@pytest.mark.asyncio
+async def test_an_async_batch_is_all_or_nothing_with_unique_jobs(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+        with pytest.raises(InvalidInput):
+            await rota.enqueue_many_async(
+                c,
+                [
+                    rota.NewJob("t", key="a", unique_active=True),
+                    rota.NewJob("t", key="", group="g"),
+                ],
+            )
+        with pytest.raises(InvalidInput, match="need a key"):
+            await rota.enqueue_async(c, "t", unique_for=60)
+    with psycopg.connect(db_url, row_factory=dict_row) as s:
+        assert count(s) == 0
+
+
+@pytest.mark.parametrize("mode", ["unique_for", "unique_active"])
+def test_concurrent_async_enqueues_of_one_key_make_one_job(db_url: str, mode: str) -> None:
+    """Many event loops, each on its own connection, enqueue the same key at once:
+    one job, and every call (one job or a batch) gives its id."""
+    threads = 8
+    start = threading.Barrier(threads)
+    ids: list[int] = []
+    kwargs: dict[str, Any] = (
+        {"unique_for": 600} if mode == "unique_for" else {"unique_active": True}
+    )
+
+    async def enqueue_some() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            start.wait(timeout=30)
+            for _ in range(5):
+                together = await asyncio.gather(
+                    rota.enqueue_async(db_url, "t", key="hot", **kwargs),
+                    rota.enqueue_many_async(
+                        c, [rota.NewJob("t", key="hot", **kwargs), rota.NewJob("other")]
+                    ),
+                )
+                ids.extend([together[0], together[1][0]])
+
+    assert not in_threads(threads, lambda: asyncio.run(enqueue_some()))
+    assert len(ids) == threads * 10 and len(set(ids)) == 1
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT count(*) FROM rota.job WHERE type = 't'").fetchone() == (1,)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+async def test_an_async_enqueue_waits_for_a_holder_in_an_open_transaction(
+    db_url: str, outcome: str
+) -> None:
+    """The interleaving made, not hoped for: the holder's job is uncommitted while
+    the async enqueue of its key runs; it waits, then gives the holder's id (or,
+    when the holder rolls back, makes the job)."""
+    with psycopg.connect(db_url) as holder:
+        first = rota.enqueue(holder, "t", key="k", unique_active=True)
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            waiting = asyncio.ensure_future(rota.enqueue_async(c, "t", key="k", unique_active=True))
+            await asyncio.to_thread(wait_for_lock_wait, db_url)
+            getattr(holder, outcome)()
+            got = await asyncio.wait_for(waiting, 30)
+        assert (got == first) == (outcome == "commit")
