@@ -48,6 +48,11 @@ class ScheduleSpec:
     """Seconds each slot's job may run (None: the handler's or the worker's default)."""
     group: str | None = None
     """The concurrency group of each slot's job (see `rota.set_limit`)."""
+    unique_for_seconds: float | None = None
+    """A slot makes a job only this many seconds or more after the slot of the
+    schedule's last job; the slots between are skipped (None: every slot)."""
+    unique_active: bool = False
+    """A slot makes no job (it is skipped) while a job of the schedule is ready or running."""
 
 
 def validate(spec: ScheduleSpec) -> None:
@@ -72,6 +77,7 @@ def validate(spec: ScheduleSpec) -> None:
         limits.timeout_seconds(spec.timeout_seconds, "timeout_seconds")
     if spec.group is not None:
         limits.name(spec.group, "a group")
+    limits.unique(spec.name, spec.unique_for_seconds, spec.unique_active)
 
 
 def check_name(name: str, job_type: str | None = None, *, namespaced: bool = False) -> None:
@@ -104,6 +110,12 @@ def spread_offset(name: str, spread_seconds: int) -> int:
         return 0
     digest = hashlib.sha256(name.encode()).digest()
     return int.from_bytes(digest[:8], "big") % spread_seconds
+
+
+def unique_key(schedule_id: int) -> str:
+    """'schedule:<id>': the key every slot's job of a schedule with unique_for_seconds
+    or unique_active holds beside its slot's idempotency key."""
+    return f"schedule:{schedule_id}"
 
 
 def idempotency_key(schedule_id: int, slot: datetime) -> str:
@@ -185,7 +197,9 @@ def set_suspended(
         if old is None:
             return None
         fields = {f.name for f in dataclasses.fields(ScheduleSpec)}
-        spec = ScheduleSpec(**{k: v for k, v in old.items() if k in fields})
+        spec = ScheduleSpec(
+            **{k: v for k, v in old.items() if k in fields}, group=old.get("group_key")
+        )
         return upsert(conn, dataclasses.replace(spec, suspend=suspend), now=now, namespaced=True)
 
 

@@ -54,7 +54,9 @@ class SchedulerResult:
     missed: int = 0
     """Slots passed over because no scheduler ran in time (or past the deadline)."""
     skipped: int = 0
-    """Slots passed over by concurrency_policy Forbid."""
+    """Slots passed over by concurrency_policy Forbid, or by the schedule's
+    unique_active (a job of it still active) or unique_for_seconds (inside the
+    window of its last job)."""
     capped: bool = False
     """True when max_schedules_per_tick stopped the tick early."""
 
@@ -160,8 +162,24 @@ class Scheduler(Service):
             self._advance(conn, row, next_run_at, None, count - 1, 1)
             return SchedulerResult(schedules=1, missed=count - 1, skipped=1)
         created = self._enqueue(conn, row, latest, now)
+        if not created and self._unique(row) and not self._slot_enqueued(conn, row, latest):
+            self._advance(conn, row, next_run_at, None, count - 1, 1)
+            return SchedulerResult(schedules=1, missed=count - 1, skipped=1)
         self._advance(conn, row, next_run_at, latest, count - 1, 0)
         return SchedulerResult(schedules=1, enqueued=int(created), missed=count - 1)
+
+    @staticmethod
+    def _unique(row: dict[str, Any]) -> bool:
+        return bool(row["unique_active"] or row["unique_for_seconds"] is not None)
+
+    @staticmethod
+    def _slot_enqueued(conn: Conn, row: dict[str, Any], slot: datetime) -> bool:
+        """Whether the slot has its job already (made by an earlier tick): then a
+        refused insert is that, not a skip for uniqueness."""
+        key = schedule_store.idempotency_key(row["id"], slot)
+        return bool(
+            fetch_all(conn, sql.query("schedule_slot_enqueued"), {"key": key})[0]["enqueued"]
+        )
 
     def _previous_active(self, conn: Conn, row: dict[str, Any]) -> bool:
         found = fetch_all(
@@ -172,6 +190,8 @@ class Scheduler(Service):
     def _enqueue(
         self, conn: Conn, row: dict[str, Any], slot: datetime, now: datetime | None
     ) -> bool:
+        """Insert the slot's job; False when it was not made (the slot has its job,
+        or the schedule's unique_active or unique_for_seconds refused it)."""
         offset = schedule_store.spread_offset(row["name"], row["spread_seconds"])
         params = {
             "type": row["job_type"],
@@ -184,9 +204,17 @@ class Scheduler(Service):
             "schedule_id": row["id"],
             "slot": slot,
             "group": row["group_key"],
+            "unique_key": schedule_store.unique_key(row["id"]) if self._unique(row) else None,
+            "unique_active": row["unique_active"],
+            "unique_for": row["unique_for_seconds"],
             "now": now,
         }
-        return bool(fetch_all(conn, sql.query("schedule_enqueue_slot"), params))
+        query = (
+            "schedule_enqueue_slot_unique_for"
+            if row["unique_for_seconds"] is not None
+            else "schedule_enqueue_slot"
+        )
+        return bool(fetch_all(conn, sql.query(query), params))
 
     @staticmethod
     def _advance(

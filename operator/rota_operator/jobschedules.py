@@ -76,6 +76,8 @@ def _spec_of(namespace: str, name: str, spec: Mapping[str, Any], payload: Any) -
         priority=spec.get("priority"),
         timeout_seconds=spec.get("timeoutSeconds"),
         group=spec.get("group"),
+        unique_for_seconds=spec.get("uniqueForSeconds"),
+        unique_active=spec.get("uniqueActive", False),
     )
 
 

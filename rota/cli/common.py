@@ -115,6 +115,13 @@ def checked(convert: Callable[[str], T], check: Callable[[T, str], object]) -> C
     return parse
 
 
+def unique_flags(parser: Any, for_help: str, active_help: str) -> None:
+    """--unique-for SECONDS and --unique-active, one or the other."""
+    unique = parser.add_mutually_exclusive_group()
+    unique.add_argument("--unique-for", type=float, metavar="SECONDS", help=for_help)
+    unique.add_argument("--unique-active", action="store_true", help=active_help)
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:

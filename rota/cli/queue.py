@@ -14,6 +14,7 @@ from rota.cli.common import (
     parse_instant,
     parse_json,
     positive_int,
+    unique_flags,
 )
 from rota.enqueue import enqueue
 from rota.migrate import KEY_INDEXES, describe_key_index, migrate, use_key_index
@@ -55,17 +56,10 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="time limit of each attempt",
     )
-    unique = p.add_mutually_exclusive_group()
-    unique.add_argument(
-        "--unique-for",
-        type=float,
-        metavar="SECONDS",
-        help="with --key: the key gives the existing id only this long after its first job",
-    )
-    unique.add_argument(
-        "--unique-active",
-        action="store_true",
-        help="with --key: the key gives the existing id only while its job is ready or running",
+    unique_flags(
+        p,
+        "with --key: the key gives the existing id only this long after its first job",
+        "with --key: the key gives the existing id only while its job is ready or running",
     )
     p.add_argument(
         "--group", metavar="G", help="the job's concurrency group (a tenant, an account)"

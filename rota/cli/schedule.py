@@ -21,6 +21,7 @@ from rota.cli.common import (
     parse_json,
     positive_int,
     print_json,
+    unique_flags,
 )
 from rota.schedule_store import ScheduleSpec
 
@@ -57,6 +58,11 @@ def register(sub: Any) -> None:
         help="each job's time limit",
     )
     p.add_argument("--group", help="each job's concurrency group (see rota limit)")
+    unique_flags(
+        p,
+        "skip a slot less than this long after the slot of the schedule's last job",
+        "skip a slot while a job of the schedule is ready or running",
+    )
     p.add_argument("--suspend", action="store_true", help="store it suspended")
     p.set_defaults(func=cmd_add)
 
@@ -96,6 +102,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         priority=args.priority,
         timeout_seconds=args.timeout,
         group=args.group,
+        unique_for_seconds=args.unique_for,
+        unique_active=args.unique_active,
     )
     archive.check_schedule(spec.job_type, spec.payload)
     row = schedule_store.upsert(database_url(), spec)

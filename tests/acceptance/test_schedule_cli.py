@@ -48,6 +48,19 @@ def test_add_list_suspend_resume_remove(db_url: str, conn: Conn) -> None:
     assert schedule_count(conn) == 1  # the built-in rota/archive
 
 
+def test_add_with_unique_for_or_unique_active(db_url: str, conn: Conn) -> None:
+    for flags in (["--unique-for", "3600"], ["--unique-active"]):
+        added = rota(db_url, "schedule", "add", "u", "--type", "t", "--cron", "@hourly", *flags)
+        assert added.returncode == 0, added.stderr
+        row = conn.execute(
+            "SELECT unique_for_seconds, unique_active FROM rota.schedule WHERE name = 'u'"
+        ).fetchone()
+        assert row == {
+            "unique_for_seconds": 3600.0 if flags[0] == "--unique-for" else None,
+            "unique_active": flags[0] == "--unique-active",
+        }
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -59,6 +72,8 @@ def test_add_list_suspend_resume_remove(db_url: str, conn: Conn) -> None:
         (["--cron", "0 * * * *", "--spread-seconds", "-5"], "argument --spread-seconds"),
         (["--cron", "0 * * * *", "--starting-deadline-seconds", "0"], "--starting-deadline"),
         (["--cron", "0 * * * *", "--concurrency-policy", "Replace"], "invalid choice"),
+        (["--cron", "0 * * * *", "--unique-for", "0"], "more than 0"),
+        (["--cron", "0 * * * *", "--unique-for", "5", "--unique-active"], "not allowed with"),
     ],
 )
 def test_bad_schedule_is_exit_2_one_line_nothing_stored(

@@ -66,6 +66,10 @@ def test_upsert_get_list_remove(conn: Conn) -> None:
         ({"max_attempts": 0}, "max_attempts"),
         ({"name": " "}, "name"),
         ({"group": ""}, "group"),
+        ({"unique_for_seconds": 0}, "more than 0"),
+        ({"unique_for_seconds": 1e12}, "at most"),
+        ({"unique_active": "yes"}, "True or False"),
+        ({"unique_for_seconds": 60, "unique_active": True}, "not both"),
     ],
 )
 def test_invalid_spec_stores_nothing(conn: Conn, fields: dict[str, Any], message: str) -> None:
@@ -338,3 +342,69 @@ def test_a_schedules_jobs_carry_its_group(conn: Conn) -> None:
     assert groups == [{"group_key": "customer-3"}] * 2
     add(conn, utc(2026, 1, 1, 11, 30))  # changed: no group any more
     assert schedules.get(conn, "s")["group_key"] is None  # type: ignore[index]
+
+
+def test_unique_active_skips_a_slot_while_a_job_of_the_schedule_is_active(conn: Conn) -> None:
+    """Keyed per schedule: a slot makes no job while any earlier slot's job is
+    ready or running (counted as skipped, like Forbid); once it has finished,
+    the next slot makes one. Each job keeps its slot's idempotency key."""
+    row = add(conn, utc(2026, 1, 1, 8, 30), unique_active=True)
+    assert Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1)).enqueued == 1
+    result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 10, 0, 1))  # the 9:00 job is ready
+    assert (result.enqueued, result.skipped, result.missed) == (0, 1, 0)
+    conn.execute("UPDATE rota.job SET status = 'running', locked_by = 'w'")
+    result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 13, 0, 1))  # 11:00, 12:00 missed
+    assert (result.enqueued, result.skipped, result.missed) == (0, 1, 2)
+    conn.execute("UPDATE rota.job SET status = 'done'")
+    assert Scheduler().run_once(conn, now=utc(2026, 1, 1, 14, 0, 1)).enqueued == 1
+    jobs = conn.execute(
+        "SELECT slot, idempotency_key, unique_key, unique_active FROM rota.job ORDER BY slot"
+    ).fetchall()
+    assert [j["slot"] for j in jobs] == [utc(2026, 1, 1, 9), utc(2026, 1, 1, 14)]
+    assert jobs[1]["idempotency_key"] == f"schedule:{row['id']}:2026-01-01T14:00:00+00:00"
+    assert {(j["unique_key"], j["unique_active"]) for j in jobs} == {
+        (f"schedule:{row['id']}", True)
+    }
+    after = schedules.get(conn, "s")
+    assert after is not None
+    assert (after["skipped_slots"], after["missed_slots"], after["last_slot"]) == (
+        2,
+        2,
+        utc(2026, 1, 1, 14),
+    )
+
+
+def test_unique_for_makes_one_job_per_window_of_slots(conn: Conn) -> None:
+    """Every 15 minutes with a 3600 s window: one job an hour, whether or not the
+    last job has run; the window runs from slot to slot, not from the tick."""
+    row = add(conn, utc(2026, 1, 1, 8, 50), cron="*/15 * * * *", unique_for_seconds=3600)
+    run_ticks(conn, utc(2026, 1, 1, 9, 0, 1), utc(2026, 1, 1, 11, 0, 1), timedelta(minutes=15))
+    conn.execute("UPDATE rota.job SET status = 'done'")
+    # A late tick judges 11:15 by its slot: still inside the 11:00 job's hour.
+    result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 11, 29))
+    assert (result.enqueued, result.skipped) == (0, 1)
+    assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9), utc(2026, 1, 1, 10), utc(2026, 1, 1, 11)]
+    assert schedules.get(conn, "s")["skipped_slots"] == 7  # type: ignore[index]
+    # 12:00 is exactly an hour after 11:00: the window has passed.
+    assert Scheduler().run_once(conn, now=utc(2026, 1, 1, 12, 0, 1)).enqueued == 1
+
+
+def test_a_unique_slot_handled_twice_is_one_job_and_no_skip(conn: Conn) -> None:
+    for name, kind in (("a", {"unique_active": True}), ("f", {"unique_for_seconds": 3600})):
+        row = add(conn, utc(2026, 1, 1, 8, 30), name=name, **kind)
+        Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+        conn.execute(
+            "UPDATE rota.schedule SET next_run_at = %s WHERE id = %s",
+            (utc(2026, 1, 1, 9), row["id"]),
+        )
+        result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 2))
+        assert (result.enqueued, result.skipped) == (0, 0)
+        assert slots(conn, row["id"]) == [utc(2026, 1, 1, 9)]
+
+
+def test_suspend_and_resume_keep_group_and_uniqueness(conn: Conn) -> None:
+    add(conn, utc(2026, 1, 1, 8, 30), group="g", unique_for_seconds=90.5)
+    schedules.set_suspended(conn, "s", True, now=utc(2026, 1, 1, 8, 31))
+    row = schedules.set_suspended(conn, "s", False, now=utc(2026, 1, 1, 8, 32))
+    assert row is not None
+    assert (row["group_key"], row["unique_for_seconds"], row["unique_active"]) == ("g", 90.5, False)

@@ -190,3 +190,23 @@ def test_a_job_schedule_that_maps_onto_a_built_in_is_refused_and_leaves_it_alone
         path, {**job_schedule("tick"), "metadata": {"name": "tick", "namespace": "rota"}}
     )
     wait_for(lambda: schedules.get(db_url, "rota/tick"), what="rota/tick written")
+
+
+def test_unique_fields_reach_the_row_and_both_together_are_invalid(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    kube_api.create(PATH, job_schedule("hourly", uniqueForSeconds=3600))
+    row = wait_for(lambda: schedules.get(db_url, "default/hourly"), what="the schedule row")
+    assert (row["unique_for_seconds"], row["unique_active"]) == (3600.0, False)
+    kube_api.patch(f"{PATH}/hourly", {"spec": {"uniqueForSeconds": None, "uniqueActive": True}})
+    wait_for(
+        lambda: (r := schedules.get(db_url, "default/hourly")) and r["unique_active"],
+        what="the row with uniqueActive",
+    )
+    assert schedules.get(db_url, "default/hourly")["unique_for_seconds"] is None  # type: ignore[index]
+
+    kube_api.create(PATH, job_schedule("both", uniqueForSeconds=60, uniqueActive=True))
+    obj = wait_for(lambda: ready_condition(kube_api.get(f"{PATH}/both")), what="a Ready condition")
+    assert (obj["status"], obj["reason"]) == ("False", "InvalidSpec")
+    assert "not both" in obj["message"]
+    assert schedules.get(db_url, "default/both") is None
