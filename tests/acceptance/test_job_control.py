@@ -209,11 +209,23 @@ def test_a_paused_type_waits_while_the_others_drain(
 def test_urgent_jobs_pass_a_backlog(
     db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
 ) -> None:
+    """Once urgent jobs can be seen, the worker claims them ahead of its backlog.
+
+    The interleaving is held still: the backlog's type is paused while the urgent
+    jobs are enqueued, so a claim either sees the pause (and takes none of them) or
+    comes after the resume, which follows their commit. Unpaused, a claim whose
+    snapshot predates their commit may take backlog jobs after their created_at, as
+    many as the worker claims in that window: a number that grows with the load."""
     rota.enqueue_many(db_url, [rota.NewJob("noted", {"low": i}, priority=9) for i in range(100)])
     worker = WorkerProcess(db_url, "--concurrency", "1", log=tmp_path / "w.log")
     try:
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM runs") >= 3, what="the backlog")
+        rota.pause(conn, ["noted"])
+        # The jobs claimed before the pause end (or are given back); a claim still in
+        # flight then may yet take some, all started before the urgent ones exist.
+        wait_for(lambda: count(conn, "status = 'running'") == 0, what="the worker to go quiet")
         urgent = rota.enqueue_many(db_url, [rota.NewJob("noted", priority=0) for _ in range(10)])
+        rota.resume(conn, ["noted"])
         wait_for(
             lambda: count(conn, "id = ANY(%s) AND status = 'done'", urgent) == 10,
             what="the urgent jobs",
@@ -222,8 +234,12 @@ def test_urgent_jobs_pass_a_backlog(
         assert worker.stop() == 0
     last_urgent = scalar(conn, "SELECT max(started_at) FROM rota.job WHERE id = ANY(%s)", urgent)
     enqueued = scalar(conn, "SELECT min(created_at) FROM rota.job WHERE id = ANY(%s)", urgent)
-    # Low jobs claimed after the urgent ones were enqueued all start after them
-    # (one low job may already have been claimed when they arrived).
+    # Every low job claimed after the urgent ones were enqueued was claimed by a
+    # statement that saw them, and each claim takes the most urgent jobs first. One
+    # low job may still start before the last urgent one: while the worker's first
+    # claim lane holds the last urgent jobs locked, its second (claiming ahead of
+    # fast jobs, one job at this concurrency) skips them and may take a low one,
+    # with a start time (its transaction's) earlier than theirs.
     overtaken = count(
         conn,
         "priority = 9 AND started_at > %s AND started_at < %s",
