@@ -157,6 +157,9 @@ class LimitedClaims(RuleBasedStateMachine):
         for job_type in list(self.over):
             if not self._passed(job_type, rows):
                 self.over.discard(job_type)
+        # Starts made under an earlier, higher rate may fill the window past a
+        # lowered one: then no claim may add a start until the window has room.
+        before = {job_type: len(self._window(job_type)) for job_type in self.limits}
         for jobs, _, _ in claims:
             for job in jobs:
                 if self.limits.get(job.type, {}).get("rate") is not None:
@@ -165,7 +168,8 @@ class LimitedClaims(RuleBasedStateMachine):
             if job_type not in self.over:
                 assert not self._passed(job_type, rows), (job_type, limit)
             if limit["rate"] is not None:
-                assert len(self._window(job_type)) <= limit["rate"], (job_type, limit)
+                added = len(self._window(job_type)) - before[job_type]
+                assert added <= max(0, limit["rate"] - before[job_type]), (job_type, limit)
         for jobs, n, types in claims:
             assert len(jobs) <= n
             if len(jobs) < n:
@@ -207,3 +211,30 @@ def test_limited_claims(db_url: str) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     LimitedClaims.TestCase().runTest()
+
+
+@pytest.mark.parametrize("group_concurrency", [1, None], ids=["as found", "rate alone"])
+def test_a_lowered_rate_starts_nothing_until_its_window_has_room(
+    db_url: str, group_concurrency: int | None
+) -> None:
+    """Found by the model: two starts under a rate of 2, then a rate of 1 in the
+    same window. The window holds more starts than the new rate allows; the claim
+    must start none, and the model must not count the earlier starts against it."""
+    LimitedClaims.db_url = db_url
+    state = LimitedClaims()
+    try:
+        state.clean()
+        state.enqueue(delay=0, group=None, job_type="b", n=3)
+        state.set_limit(concurrency=None, group_concurrency=None, job_type="b", rate=2)
+        state.claim_alone(n=2, types=None)
+        assert len(state.starts["b"]) == 2
+        state.set_limit(concurrency=None, group_concurrency=group_concurrency, job_type="b", rate=1)
+        state.claim_alone(n=1, types=None)
+        assert len(state.starts["b"]) == 2  # nothing started under the lowered rate
+        if group_concurrency is None:
+            state.tick(seconds=45)
+            state.tick(seconds=20)
+            state.claim_alone(n=1, types=None)
+            assert len(state.starts["b"]) == 3  # the window emptied: one start
+    finally:
+        state.teardown()
