@@ -295,7 +295,10 @@ def run(
         )
         start = time.time()
         wait_for(scraped_after(prom, 'rota_jobs{type="hang.sync"}', start), 60, "a first scrape")
-        before = time.time()  # every counter of the database has a sample from before now
+        # A scrape of every counter of the database from before any traffic: the alerts'
+        # offsets land on it exactly (a later scrape may time out on a loaded machine,
+        # and a failed scrape leaves no series until the next).
+        (_, before), *_ = prom.query('timestamp(rota_jobs{type="hang.sync"})', time.time())
 
         # A worker killed while it holds three leases: the reaper gives them back.
         victim = WorkerProcess(
@@ -388,7 +391,7 @@ def test_every_panel_and_alert_matches_the_database(run: dict[str, Any]) -> None
     db_url: str = run["db_url"]
     at: float = run["at"]
     window = f"{math.ceil(at - run['start']) + 30}s"  # the whole run: quantiles of every job
-    since = f"{math.floor(at - run['before'])}s"  # offset to just before any traffic
+    since = f"{round((round(at, 3) - run['before']) * 1000)}ms"  # the scrape before any traffic
 
     def ask(expr: str) -> list[tuple[dict[str, str], float]]:
         return prom.query(expr, at)
