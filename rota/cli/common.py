@@ -80,13 +80,17 @@ def parse_duration(text: str, what: str) -> float:
     return limits.delay_seconds(seconds, what)
 
 
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
 def positive_int(text: str, maximum: int = limits.INTEGER_MAX) -> int:
     """argparse type: an integer from 1 to `maximum` (by default what an int4 column
     holds); argparse names the option in the error."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = _whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     if value > maximum:
@@ -124,10 +128,7 @@ def unique_flags(parser: Any, for_help: str, active_help: str) -> None:
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
     return value
