@@ -175,7 +175,10 @@ def test_a_large_claim_marks_its_rows_by_primary_key(backlog: str, limit: int) -
     # On a table of a drain's size a join of the picked rows was planned as a
     # hash join over a sequential scan of the table from a few hundred rows on.
     with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
-        params = {"worker": WORKER, "limit": limit, "lease": 30.0, "types": None, "now": None}
+        params = {
+            "worker": WORKER, "limit": limit, "lease": 30.0, "types": None, "now": None,
+            "since": None,
+        }  # fmt: skip
         plan = _custom_plan(c, "claim_jobs", params)
         _assert_keyed(plan)
         assert plan["Actual Rows"] == limit
@@ -224,7 +227,7 @@ def test_a_workers_generic_claim_never_walks_the_ready_jobs_of_other_types(mixed
     with psycopg.connect(mixed, autocommit=True) as c:
         c.execute("SET plan_cache_mode = force_generic_plan")
         text = claims._claim_query(["mine"])
-        run = _executed(c, text, f"NULL, {BATCH}, '{WORKER}', 30")
+        run = _executed(c, text, f"NULL, {BATCH}, '{WORKER}', 30, NULL")
         assert run["Plan"]["Actual Rows"] == BATCH
         assert _removed(run["Plan"]) < 1_000, json.dumps(run["Plan"])
         _assert_keyed(run["Plan"])
@@ -233,7 +236,7 @@ def test_a_workers_generic_claim_never_walks_the_ready_jobs_of_other_types(mixed
 def test_a_workers_generic_claim_on_its_own_backlog_walks_the_claim_index(backlog: str) -> None:
     with psycopg.connect(backlog, autocommit=True) as c:
         c.execute("SET plan_cache_mode = force_generic_plan")
-        run = _executed(c, claims._claim_query(["bench.noop"]), f"NULL, 500, '{WORKER}', 30")
+        run = _executed(c, claims._claim_query(["bench.noop"]), f"NULL, 500, '{WORKER}', 30, NULL")
         assert run["Plan"]["Actual Rows"] == 500
         _assert_keyed(run["Plan"])
         assert "job_claim_idx" in json.dumps(run["Plan"])
@@ -294,3 +297,32 @@ def test_the_steady_claim_runs_its_generic_plan_within_its_own_transaction(backl
         assert steady["generic_plans"] >= 1, steady
         row = c.execute("SHOW plan_cache_mode").fetchone()
         assert row is not None and row["plan_cache_mode"] == "auto"
+
+
+_SINCE = "'{\"2000-01-01T00:00:00+00:00\",NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL}'"
+"""A start for priority 0 (rota.claim.Floor), as a worker's claim sends it."""
+
+
+def test_a_workers_generic_claim_from_its_start_walks_the_claim_index(backlog: str) -> None:
+    # The start bounds the walk; planned without its value it must not turn the
+    # claim into a sort of the whole backlog.
+    with psycopg.connect(backlog, autocommit=True) as c:
+        c.execute("SET plan_cache_mode = force_generic_plan")
+        text = claims._claim_query(["bench.noop"])
+        run = _executed(c, text, f"NULL, 500, '{WORKER}', 30, {_SINCE}")
+        assert run["Plan"]["Actual Rows"] == 500
+        _assert_keyed(run["Plan"])
+        nodes = list(_nodes(run["Plan"]))
+        assert not any(n["Node Type"] in ("Sort", "Bitmap Heap Scan") for n in nodes), run
+        assert "job_claim_idx" in json.dumps(run["Plan"])
+
+
+def test_a_workers_generic_claim_from_its_start_never_walks_other_types(mixed: str) -> None:
+    with psycopg.connect(mixed, autocommit=True) as c:
+        c.execute("SET plan_cache_mode = force_generic_plan")
+        run = _executed(
+            c, claims._claim_query(["mine"]), f"NULL, {BATCH}, '{WORKER}', 30, {_SINCE}"
+        )
+        assert run["Plan"]["Actual Rows"] == BATCH
+        assert _removed(run["Plan"]) < 1_000, json.dumps(run["Plan"])
+        _assert_keyed(run["Plan"])

@@ -87,7 +87,7 @@ def test_claiming_uses_the_ready_index_among_many_done_rows(conn: psycopg.Connec
     conn.execute("ANALYZE rota.job")
     plan = conn.execute(
         "EXPLAIN " + sql.query("claim_jobs"),
-        {"worker": "w", "limit": 10, "lease": 30, "types": None, "now": None},
+        {"worker": "w", "limit": 10, "lease": 30, "types": None, "now": None, "since": None},
     ).fetchall()
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
     # job_claim_idx replaced job_ready_idx in migration 0004 (priorities).

@@ -117,6 +117,8 @@ class ClaimLoop:
     ) -> None:
         self.settings = settings
         self.types = list(types)
+        self.floor = claims.Floor(self.types)
+        """Where each priority's claim starts (the heartbeat thread probes it)."""
         self.leases = leases
         self.outcomes = outcomes
         self._hold = hold
@@ -364,14 +366,19 @@ class ClaimLoop:
         if lane.waits_for_notify:
             return await lane.link.run(self._claim_when_notified, free)
         s = self.settings
-        return await lane.link.run(
+        since, generation = self.floor.bounds()
+        written, jobs = await lane.link.run(
             claims.write_and_claim,
             s.worker_id,
             self.outcomes.to_write(batch),
             free,
             s.lease_seconds,
             self.types,
+            None,
+            since,
         )
+        self.floor.claimed(jobs, generation)
+        return written, jobs
 
     async def _after_outage(self, lane: Lane, exc: DatabaseUnavailable) -> None:
         """The claim failed in flight: the database may have committed it, and its
@@ -440,7 +447,10 @@ class ClaimLoop:
         if self._claims_closed:
             return {}, []
         s = self.settings
-        return {}, claims.claim(conn, s.worker_id, limit, s.lease_seconds, self.types)
+        since, generation = self.floor.bounds()
+        jobs = claims.claim(conn, s.worker_id, limit, s.lease_seconds, self.types, None, since)
+        self.floor.claimed(jobs, generation)
+        return {}, jobs
 
     async def _wait_after(self, exc: DatabaseUnavailable | DatabaseError, backoff: Backoff) -> None:
         """The database is away (a warning) or refused the claim (an error): wait the

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from rota import claim as claims
 from rota import db
@@ -44,8 +45,16 @@ class Heartbeat:
         keeper: LeaseKeeper,
         deadlines: Deadlines,
         loop_stall_seconds: float,
+        floor: claims.Floor | None = None,
+        wake_claims: Callable[[], None] = lambda: None,
     ) -> None:
         self.dsn = dsn
+        self.floor = floor
+        """The claims' start, probed every `Floor.PROBE_SECONDS` (see rota.claim.Floor)."""
+        self.wake_claims = wake_claims
+        """Wakes an idle claim when the probe found jobs behind the start (thread-safe)."""
+        self.probes = 0
+        """Probes of the floor answered."""
         self.keeper = keeper
         self.deadlines = deadlines
         self.loop_stall_seconds = loop_stall_seconds
@@ -100,11 +109,35 @@ class Heartbeat:
     # -- the thread ---------------------------------------------------------------
     def _run(self) -> None:
         next_beat = time.monotonic() + self.interval
+        next_probe = time.monotonic()
         while not self._stop.wait(min(LOOP_TICK_SECONDS * 5, self.interval)):
             self.watch_loop()
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self.interval
                 self.beat()
+            if self.floor is not None and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self.floor.PROBE_SECONDS
+                self.probe_floor()
+
+    def probe_floor(self) -> None:
+        """Move the claims' start back to any job ready behind it. A failure costs only
+        the delay of such a job: the next probe tries again."""
+        assert self.floor is not None
+        try:
+            conn = self._connection()
+            with self.deadlines.watch(conn):
+                moved = self.floor.probe(conn)
+            self.probes += 1
+        except DatabaseUnavailable as exc:
+            self._close()
+            log.warning("claim floor probe failed (%s)", exc)
+            return
+        except DatabaseError as exc:
+            log.error("claim floor probe refused (%s)", exc)
+            return
+        if moved:
+            log.debug("jobs ready behind the claims' start at priorities %s", moved)
+            self.wake_claims()
 
     def watch_loop(self, now: float | None = None) -> bool:
         """Count and log a stall of the event loop (once per stall); True while stalled."""

@@ -97,7 +97,6 @@ class Worker:
         self.context = Context(dsn, self.worker_id)
         self.leases = LeaseKeeper(self.worker_id, s.lease_seconds)
         self.deadlines = Deadlines(s.connection)
-        self.heartbeat = Heartbeat(dsn, self.leases, self.deadlines, s.loop_stall_seconds)
         self.outcomes = OutcomeBuffer(
             self.worker_id, s.finish_batch_size, self._settled, s.reconnect_max_seconds
         )
@@ -111,6 +110,10 @@ class Worker:
         self.claims = ClaimLoop(
             s, self.types, self.leases, self.outcomes, self._hold, self._begin, self._stopping
         )
+        self.heartbeat = Heartbeat(
+            dsn, self.leases, self.deadlines, s.loop_stall_seconds,
+            self.claims.floor, self.claims.jobs_notified.set,
+        )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
         self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
 
