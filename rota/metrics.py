@@ -538,13 +538,20 @@ class QueueCollector:
             self._conn = None
 
 
+def metric_families() -> list[Metric]:
+    """Every metric family Rota's worker and queue exporter serve, without samples
+    (for tests and docs)."""
+    return [
+        *QueueCollector("").describe(),
+        *RunCounter().describe(),
+        *WorkerCollector(1, list, RUNS).describe(),
+    ]
+
+
 def metric_types() -> dict[str, str]:
     """Every metric Rota's worker and queue exporter serve, family name -> Prometheus
     type (for tests and docs)."""
-    found = {family.name: family.type for family in QueueCollector("").describe()}
-    found.update((family.name, family.type) for family in RunCounter().describe())
-    found.update((family.name, family.type) for family in WorkerCollector(1, list, RUNS).describe())
-    return found
+    return {family.name: family.type for family in metric_families()}
 
 
 def queue_registry(

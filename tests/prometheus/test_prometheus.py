@@ -356,6 +356,7 @@ def run(
             "before": before,
             "at": at,
             "stop_exporter": exporter,
+            "exporter_port": exporter_port,
             "measured": measured,
         }
     finally:
@@ -543,6 +544,7 @@ def test_every_panel_and_alert_matches_the_database(run: dict[str, Any]) -> None
     due_unpaused = {t for t in ages if t not in paused}
     assert {m["type"] for m, _ in alert("RotaWorkersAbsent")} == due_unpaused
     assert alert("RotaQueueExporterAbsent") == []
+    assert alert("RotaTargetDown") == []
     health = [
         r["health"]
         for g in prom.api("rules")["groups"]
@@ -577,6 +579,14 @@ def test_every_panel_and_alert_matches_the_database(run: dict[str, Any]) -> None
         )
 
     assert wait_for(exporter_absent, 60, "the exporter's absence") == [{}, installation]
+
+    # ... and its target answers no scrape (up == 0): RotaTargetDown names it
+    def targets_down() -> list[dict[str, str]]:
+        return [m for m, _ in prom.query(rules["RotaTargetDown"], time.time())]
+
+    down = wait_for(targets_down, 60, "the exporter's target to be down")
+    exporter_target = {**installation, "instance": f"127.0.0.1:{run['exporter_port']}"}
+    assert down == [{"__name__": "up", **exporter_target}]
 
 
 def save_ranges(prom: Prometheus, run: dict[str, Any], path: Path) -> None:

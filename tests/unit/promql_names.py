@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from rota.metrics import metric_types
+from rota.metrics import metric_families, metric_types
 
 _FUNCTION_NAMES = """
     abs absent absent_over_time avg avg_over_time bottomk ceil changes clamp clamp_max clamp_min
@@ -23,6 +23,8 @@ FUNCTIONS = frozenset(_FUNCTION_NAMES.split())
 KEYWORDS = frozenset({"and", "or", "unless", "bool"})
 OPERATOR_METRICS = {"rota_workerpool_replicas": "gauge"}
 """Served by the operator (rota_operator.metrics), not by rota.metrics."""
+SCRAPE_SERIES = frozenset({"up"})
+"""Written by Prometheus itself for every target it scrapes (1: the scrape worked)."""
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _VARIABLE = re.compile(r"\$\{?\w+\}?")
@@ -35,13 +37,24 @@ def known_metrics() -> set[str]:
     """Every sample name Rota serves: histograms' _bucket/_sum/_count, counters' _total."""
     names: set[str] = set()
     for name, kind in {**metric_types(), **OPERATOR_METRICS}.items():
-        if kind == "histogram":
-            names.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
-        elif kind == "counter":
-            names.add(f"{name}_total")
-        else:
-            names.add(name)
+        names |= _sample_names(name, kind)
     return names
+
+
+def labelled_metrics(label: str) -> set[str]:
+    """The sample names of the metrics whose series carry `label` (from the metric
+    families Rota serves, so a new metric is classified as it is declared)."""
+    names: set[str] = set()
+    for family in metric_families():
+        if label in family._labelnames:  # prometheus_client keeps them only here
+            names |= _sample_names(family.name, family.type)
+    return names
+
+
+def _sample_names(name: str, kind: str) -> set[str]:
+    if kind == "histogram":
+        return {f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count")}
+    return {f"{name}_total"} if kind == "counter" else {name}
 
 
 def _balanced(text: str) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from promql_names import known_metrics, metric_names
+from promql_names import known_metrics, labelled_metrics, metric_names
 
 DASHBOARD = Path(__file__).parents[2] / "charts" / "rota" / "files" / "dashboard.json"
 # Section 7 of the design: every measure has a place on the dashboard.
@@ -29,9 +29,8 @@ MEASURES = {
     "rota_worker_slots",
     "rota_worker_running_jobs",
 }
-UNTYPED = {"rota_workers", "rota_worker_slots", "rota_workerpool_replicas",
-           "rota_lease_expirations_total", "rota_dead_jobs"}  # fmt: skip
-"""Metrics without a type label: the panels that read only these are installation-wide."""
+TYPED = labelled_metrics("type")
+"""The metrics whose series have a `type` label: every read of one is narrowed to $type."""
 BUILTIN_VARIABLES = {"__rate_interval", "__interval", "__range"}
 
 
@@ -40,8 +39,33 @@ def dashboard() -> dict[str, Any]:
     return json.loads(DASHBOARD.read_text())
 
 
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel, those inside collapsed rows too."""
+    found = []
+    for panel in dashboard["panels"]:
+        found.append(panel)
+        found.extend(panel.get("panels", ()))
+    return found
+
+
 def targets(dashboard: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(p["title"], t) for p in dashboard["panels"] for t in p["targets"]]
+    return [(p["title"], t) for p in panels(dashboard) for t in p.get("targets", ())]
+
+
+def reads(expr: str) -> list[tuple[str, str]]:
+    """Each read of one of Rota's metrics in `expr`: (name, its {matchers} or "")."""
+    found = re.findall(r'(?<![\w"$])([a-z_:][\w:]*)\s*(\{[^{}]*\})?', expr)
+    return [(name, matchers) for name, matchers in found if name in known_metrics()]
+
+
+def untyped_reads(expr: str) -> list[str]:
+    """The reads of a per-type metric in `expr` (bare, or with matchers) that do not
+    select `type=~"$type..."`."""
+    return [
+        name + matchers
+        for name, matchers in reads(expr)
+        if name in TYPED and not re.search(r'\btype\s*=~\s*"\$type\b', matchers)
+    ]
 
 
 def test_every_panel_query_names_only_existing_metrics(dashboard):
@@ -71,16 +95,35 @@ def test_the_panels_the_docs_promise(dashboard):
         assert words in titles
 
 
-def test_every_query_is_about_one_installation_and_the_chosen_types(dashboard):
+def test_every_read_of_a_per_type_metric_is_narrowed_to_the_chosen_types(dashboard):
+    assert {"rota_jobs", "rota_job_attempts_bucket", "rota_worker_running_jobs"} <= TYPED
+    assert "rota_dead_jobs" not in TYPED and "rota_workers" not in TYPED
+    for title, target in targets(dashboard):
+        assert untyped_reads(target["expr"]) == [], title
+
+
+READS_WITHOUT_TYPE = [
+    ('sum(rate(rota_jobs_finished_total{job=~"$job"}[5m]))',
+     ['rota_jobs_finished_total{job=~"$job"}']),
+    ("max by (type) (rota_oldest_ready_job_age_seconds)", ["rota_oldest_ready_job_age_seconds"]),
+    ('rota_jobs{type=~"$type"} / rota_running_jobs{type="x"}', ['rota_running_jobs{type="x"}']),
+    ('max(rota_dead_jobs{job=~"$job"}) - rota_jobs{type=~"$type|\\*"}', []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("expr", "untyped"), READS_WITHOUT_TYPE)
+def test_the_type_check_finds_a_read_that_ignores_type(expr, untyped):
+    assert untyped_reads(expr) == untyped
+
+
+def test_every_query_is_about_one_installation(dashboard):
     for title, target in targets(dashboard):
         expr = target["expr"]
         if not metric_names(expr):
             continue
-        for selector in re.findall(r"\b(rota_\w+)\{([^}]*)\}", expr):
-            name, matchers = selector
-            assert 'namespace=~"$namespace"' in matchers and 'job=~"$job"' in matchers, title
-            if name not in UNTYPED:
-                assert 'type=~"$type' in matchers, (title, name)
+        for name, matchers in reads(expr):
+            assert 'namespace=~"$namespace"' in matchers, (title, name)
+            assert 'job=~"$job"' in matchers, (title, name)
         for labels in re.findall(r"\bby\s*\(([^)]*)\)", expr):
             assert {"namespace", "job"} <= {x.strip() for x in labels.split(",")}, (title, expr)
         assert not re.search(r"\b(?:sum|max|min|count)\s*\(", expr), (title, expr)
