@@ -75,7 +75,8 @@ def fill(conn: psycopg.Connection[Any], jobs: int = 1_000_000) -> dict[str, int]
     )
     conn.execute(
         "INSERT INTO rota.queue_sample_type"
-        " SELECT m, 'type' || t, n * (10 + t), n, 1, 1 FROM generate_series("
+        " SELECT m, 'type' || t, n * (10 + t), n, 1, 1, (t * 7 + n %% 60)::float8"
+        " FROM generate_series("
         "  date_trunc('minute', now()) - interval '7 days', date_trunc('minute', now()),"
         "  interval '1 minute') WITH ORDINALITY AS s(m, n), generate_series(0, %(types)s - 1) AS t",
         {"types": TYPES},

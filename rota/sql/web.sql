@@ -266,9 +266,9 @@ CROSS JOIN LATERAL (
 ORDER BY b.at
 
 -- name: web_chart_type_samples
--- The finished totals per job type (rota.queue_sample_type) at each bucket's
--- first minute, as web_chart_samples.
-SELECT b.at, q.type, q.done_total + q.ended_total AS finished_total
+-- The finished totals and oldest ready ages per job type (rota.queue_sample_type)
+-- at each bucket's first minute, as web_chart_samples.
+SELECT b.at, q.type, q.done_total + q.ended_total AS finished_total, q.oldest_ready_age_seconds
 FROM generate_series(
          date_bin(%(bucket)s::interval,
                   coalesce(%(now)s::timestamptz, now()) - %(span)s::interval - %(bucket)s::interval,

@@ -138,7 +138,7 @@ ended AS (
     WHERE status IN ('failed', 'dead', 'cancelled') GROUP BY type
 ),
 due AS (
-    SELECT type, count(*) AS n FROM rota.job, clock AS c
+    SELECT type, count(*) AS n, min(run_at) AS oldest FROM rota.job, clock AS c
     WHERE status = 'ready' AND run_at <= c.now GROUP BY type
 ),
 running AS (SELECT type, count(*) AS n FROM rota.job WHERE status = 'running' GROUP BY type),
@@ -146,8 +146,10 @@ types AS (
     SELECT type FROM done UNION SELECT type FROM ended
     UNION SELECT type FROM due UNION SELECT type FROM running
 )
-INSERT INTO rota.queue_sample_type (minute, type, done_total, ended_total, ready_due, running)
-SELECT c.minute, t.type, coalesce(d.n, 0), coalesce(e.n, 0), coalesce(u.n, 0), coalesce(r.n, 0)
+INSERT INTO rota.queue_sample_type (minute, type, done_total, ended_total, ready_due, running,
+                                    oldest_ready_age_seconds)
+SELECT c.minute, t.type, coalesce(d.n, 0), coalesce(e.n, 0), coalesce(u.n, 0), coalesce(r.n, 0),
+       coalesce(extract(epoch FROM c.now - u.oldest), 0)
 FROM clock AS c
 CROSS JOIN types AS t
 LEFT JOIN done AS d ON d.type = t.type

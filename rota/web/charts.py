@@ -1,18 +1,21 @@
 """Line charts drawn on the server: samples in, SVG geometry out.
 
-The console's charts need no JavaScript (and so nothing the Content-Security-
-Policy would have to allow): lines of (instant, value) points are scaled into a
-fixed box with a y-axis of round numbers, gridlines, time labels on the x-axis,
-and one hover column per point whose tooltip (an SVG <title>) lists every
-line's value there. The template only draws what this module computes. Pure.
+Lines of (instant, value) points are scaled into a fixed box with a y-axis of
+round numbers, gridlines and time labels on the x-axis; each instant gets a
+column that carries its readout (the time, and each line's value and height
+there), which console.js shows in a tooltip as the pointer or the arrow keys
+reach it. The chart itself draws without any script. The template only draws
+what this module computes. Pure.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 WIDTH = 640
 HEIGHT = 200
@@ -55,10 +58,34 @@ class Line:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hover:
+class Column:
+    """One instant of the chart: the strip of the plot nearest to it, and the
+    value and height of each line there (None where a line has no point)."""
+
     x: float
+    """The left edge of the strip; the point itself is at its middle."""
     width: float
-    text: str
+    at: datetime
+    names: tuple[str, ...]
+    """The lines' names, as in Chart.lines."""
+    values: tuple[tuple[str, float] | None, ...]
+    """Per line: (its value as shown, its y), or None."""
+
+    @property
+    def when(self) -> str:
+        """The instant as the readout shows it in UTC."""
+        return self.at.astimezone(UTC).strftime("%a %d %b %H:%M UTC")
+
+    @property
+    def text(self) -> str:
+        """The whole readout in one line."""
+        shown = [f"{n} {v[0]}" for n, v in zip(self.names, self.values, strict=True) if v]
+        return f"{self.when}: {', '.join(shown)}"
+
+    @property
+    def readout(self) -> str:
+        """The values as JSON for console.js: [[text, y] or null, ...] per line."""
+        return json.dumps([[v[0], round(v[1], 1)] if v else None for v in self.values])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +97,23 @@ class Chart:
     """(y, label) of each horizontal gridline."""
     x_ticks: tuple[tuple[float, str], ...]
     """(x, label) of each vertical gridline."""
-    hovers: tuple[Hover, ...]
+    columns: tuple[Column, ...]
     latest: float | None
     peak: float
 
     @property
     def empty(self) -> bool:
         return not self.lines
+
+    @property
+    def slug(self) -> str:
+        """An id for the chart's elements, from its title."""
+        return "chart-" + re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
+
+    @property
+    def legend(self) -> str:
+        """The lines as JSON for console.js: [[name, css], ...]."""
+        return json.dumps([[line.name, line.css] for line in self.lines])
 
     width = WIDTH
     height = HEIGHT
@@ -102,6 +139,13 @@ def _number(value: float) -> str:
     if value >= 1000:
         return f"{value / 1000:.1f}k".replace(".0k", "k")
     return f"{value:.0f}" if value == int(value) or value >= 10 else f"{value:g}"
+
+
+def _reading(value: float) -> str:
+    """A value as the readout shows it: whole from 100 up, else three digits."""
+    if value >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 def chart(
@@ -151,13 +195,17 @@ def chart(
         moment += tick
     values = {name: dict(points) for name, points in kept.items()}
     step = span.bucket.total_seconds() / seconds * plot_w
-    hovers = tuple(
-        Hover(
+    columns = tuple(
+        Column(
             xs[t] - step / 2,
             step,
-            f"{t.strftime('%a %H:%M')} UTC: "
-            + ", ".join(f"{name} {_number(values[name][t])}" for name in kept if t in values[name]),
+            t,
+            tuple(kept),
+            tuple(
+                (_reading(values[name][t]), y(values[name][t])) if t in values[name] else None
+                for name in kept
+            ),
         )
         for t, _ in total
     )
-    return Chart(title, span, drawn, y_ticks, tuple(x_ticks), hovers, total[-1][1], peak)
+    return Chart(title, span, drawn, y_ticks, tuple(x_ticks), columns, total[-1][1], peak)

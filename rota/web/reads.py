@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -102,19 +103,45 @@ def _rates(rows: list[dict[str, Any]]) -> list[tuple[datetime, float]]:
     ]
 
 
-def _throughput(
-    conn: Conn, totals: list[dict[str, Any]], span: charts.Range, params: dict[str, Any]
-) -> dict[str, list[tuple[datetime, float]]]:
-    """The total throughput line, then the busiest types' lines."""
-    lines = {"all types": _rates(totals)}
+Points = list[tuple[datetime, float]]
+
+
+def _with_types(
+    total: Points, by_type: dict[str, Points], weight: Callable[[Points], float]
+) -> dict[str, Points]:
+    """The total line ("all types"), then the lines of the types that weigh most
+    (`weight` of a type's points; types that weigh nothing are left out)."""
+    weights = {name: weight(points) for name, points in by_type.items()}
+    heaviest = sorted((name for name, w in weights.items() if w > 0), key=lambda n: -weights[n])
+    return {"all types": total} | {name: by_type[name] for name in heaviest[: charts.MAX_LINES - 1]}
+
+
+def _ages(rows: list[dict[str, Any]], since: datetime) -> Points:
+    """The oldest ready ages of the samples after `since` (the bucket before the
+    range is there for the rates only); samples without one are gaps."""
+    return [
+        (r["at"], float(r["oldest_ready_age_seconds"]))
+        for r in rows
+        if r["at"] > since and r["oldest_ready_age_seconds"] is not None
+    ]
+
+
+def _charts(
+    conn: Conn, samples: list[dict[str, Any]], params: dict[str, Any], since: datetime
+) -> tuple[dict[str, Points], dict[str, Points]]:
+    """The throughput lines (the busiest types) and the queue-age lines (the types
+    whose jobs waited longest), from the queue's and the per-type samples."""
     by_type: dict[str, list[dict[str, Any]]] = {}
     for row in fetch_all(conn, sql.query("web_chart_type_samples"), params):
         by_type.setdefault(row["type"], []).append(row)
     rates = {name: _rates(rows) for name, rows in by_type.items()}
-    busiest = sorted(rates, key=lambda name: -sum(v for _, v in rates[name]))
-    for name in busiest[: charts.MAX_LINES - 1]:
-        lines[name] = rates[name]
-    return lines
+    ages = {name: _ages(rows, since) for name, rows in by_type.items()}
+    return (
+        _with_types(_rates(samples), rates, lambda points: sum(v for _, v in points)),
+        _with_types(
+            _ages(samples, since), ages, lambda points: max((v for _, v in points), default=0)
+        ),
+    )
 
 
 def overview(
@@ -126,8 +153,9 @@ def overview(
     chosen = charts.RANGES[span]
     params = {"now": now, "span": chosen.span, "bucket": chosen.bucket}
     samples = fetch_all(conn, sql.query("web_chart_samples"), params) if drawn else []
-    ages = [(s["at"], float(s["oldest_ready_age_seconds"])) for s in samples]
     end = status.now
+    since = end - chosen.span - chosen.bucket
+    throughput, ages = _charts(conn, samples, params, since) if drawn else ({}, {})
     worker_types = tuple(
         tuple(r["types"] or ())
         for r in fetch_all(conn, sql.query("web_live_worker_types"), {"now": now})
@@ -135,15 +163,8 @@ def overview(
     return Overview(
         status=status,
         paused=paused,
-        throughput=charts.chart(
-            "Jobs finished per minute",
-            _throughput(conn, samples, chosen, params) if drawn else {},
-            end,
-            chosen,
-        ),
-        queue_age=charts.chart(
-            "Oldest ready job's age, seconds", {"oldest ready": ages[1:]}, end, chosen
-        ),
+        throughput=charts.chart("Jobs finished per minute", throughput, end, chosen),
+        queue_age=charts.chart("Oldest ready job's age, seconds", ages, end, chosen),
         workers=status.workers,
         worker_types=worker_types,
     )

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from psycopg.types.json import Jsonb
@@ -97,18 +98,23 @@ def seed(conn: Any) -> dict[str, int]:
             "report": round(30 + 12 * math.cos(minute / 5) + (minute * 11) % 5),
             "invoice": round(8 + 4 * math.sin(minute / 3)),
         }
+        ages = {
+            "mail": 4 + 3 * math.sin(minute / 9) + (minute * 13) % 5 * 0.6,
+            "report": 2 + 1.5 * math.cos(minute / 6),
+            "invoice": 0.0,
+        }
         for name, n in added.items():
             totals[name] += n
             conn.execute(
                 "INSERT INTO rota.queue_sample_type VALUES"
-                " (date_trunc('minute', %s::timestamptz), %s, %s, 0, 0, 0)",
-                [at, name, totals[name]],
+                " (date_trunc('minute', %s::timestamptz), %s, %s, 0, 0, 0, %s)",
+                [at, name, totals[name], ages[name]],
             )
         done += sum(added.values())
         conn.execute(
             "INSERT INTO rota.queue_sample VALUES (date_trunc('minute', %s::timestamptz),"
             " %s, 0, %s, 3, %s)",
-            [at, done, 20 + minute % 9, 4 + 3 * math.sin(minute / 9) + (minute * 13) % 5 * 0.6],
+            [at, done, 20 + minute % 9, max(ages.values())],
         )
     workers.register(conn, workers.WorkerInfo("worker-a1", concurrency=8, types=("mail", "report")))
     schedule_store.upsert(
@@ -206,11 +212,15 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     assert page.locator("#types").inner_text().count("mail") >= 1
     warnings = page.inner_text("#warnings")
     assert "1 lease(s) expired this hour" in warnings
-    assert page.locator("figure.chart polyline").count() == 1 + 3 + 1  # all, 3 types; age
-    tooltip = page.locator("figure.chart").first.locator("rect.hover title").last.text_content()
-    assert tooltip and " UTC: all types " in tooltip and "mail" in tooltip
+    # Throughput: all and 3 types; queue age: all and the 2 types that waited.
+    assert page.locator("figure.chart polyline").count() == (1 + 3) + (1 + 2)
     assert page.locator("a.count.bad").count() >= 2  # failed invoices, dead mail
+    page.locator("#chart-jobs-finished-per-minute rect.hover").nth(-12).hover()
+    tip = page.locator("#chart-jobs-finished-per-minute .chart-tip")
+    assert " UTC" in tip.inner_text() and "mail" in tip.inner_text()
     page.screenshot(path=str(shots / "console-overview.png"), full_page=True)
+    page.mouse.move(0, 0)
+    tip.wait_for(state="hidden")
 
     # The overview refreshes itself: a new type shows up without a reload.
     add_job(conn, "invoice", "ready")
@@ -322,6 +332,107 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     assert refused == []
 
 
+def chart_samples(conn: Any, now: datetime) -> datetime:
+    """An hour of samples whose values are known: 6 mail and 2 report jobs finish
+    a minute, but 18 mail jobs in the minute 30 minutes ago (which it returns)."""
+    done = {"mail": 1000, "report": 500}
+    spike = now - timedelta(minutes=30)
+    for minute in range(60, -1, -1):
+        at = now - timedelta(minutes=minute)
+        done["mail"] += 18 if at == spike else 6
+        done["report"] += 2
+        for name, age in (("mail", 45.0), ("report", 12.5)):
+            conn.execute(
+                "INSERT INTO rota.queue_sample_type VALUES (%s, %s, %s, 0, 0, 0, %s)",
+                [at, name, done[name], age],
+            )
+        conn.execute(
+            "INSERT INTO rota.queue_sample VALUES (%s, %s, 0, 1, 0, 45)", [at, sum(done.values())]
+        )
+    return spike
+
+
+def _tip(page: Any, chart: str) -> list[str]:
+    """The lines of a chart's tooltip as shown, once it is shown."""
+    tip = page.locator(f"#{chart} .chart-tip")
+    tip.wait_for(state="visible")
+    return [line.strip() for line in tip.inner_text().splitlines() if line.strip()]
+
+
+def test_a_chart_reads_out_the_point_under_the_pointer_and_the_arrow_keys(
+    console, browser, conn, tmp_path
+):
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    spike = chart_samples(conn, now)
+    when = spike.strftime("%a %d %b %H:%M UTC")
+    refused: list[str] = []
+    page = _page(browser, refused, viewport={"width": 1280, "height": 800},
+                 timezone_id="America/New_York")  # fmt: skip
+    _log_in(page, console)
+    throughput = "chart-jobs-finished-per-minute"
+
+    # The pointer over the spike's column: its time, every line's value, the markers.
+    page.locator(f'#{throughput} rect.hover[data-when="{when}"]').hover()
+    assert _tip(page, throughput) == [when, "all types", "20", "mail", "18", "report", "2"]
+    svg = page.locator(f"#{throughput} svg.plot")
+    assert "reading" in (svg.get_attribute("class") or "")
+    dots = svg.locator(".marker .dot")
+    assert dots.count() == 3 and dots.first.is_visible()
+    box = page.locator(f"#{throughput} .chart-tip").bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1280
+    page.screenshot(path=str(tmp_path / "chart-readout.png"))
+
+    # The next column to the right: an ordinary minute.
+    column = page.locator(f'#{throughput} rect.hover[data-when="{when}"]')
+    column_box = column.bounding_box()
+    assert column_box is not None
+    page.mouse.move(column_box["x"] + column_box["width"] * 1.5, column_box["y"] + 20)
+    next_when = (spike + timedelta(minutes=1)).strftime("%a %d %b %H:%M UTC")
+    assert _tip(page, throughput)[0] == next_when
+    assert _tip(page, throughput)[1:] == ["all types", "8", "mail", "6", "report", "2"]
+
+    # The pointer leaves: the readout goes.
+    page.mouse.move(5, 5)
+    page.locator(f"#{throughput} .chart-tip").wait_for(state="hidden")
+
+    # The keyboard: Tab from the range links reaches the chart, which reads its
+    # latest point; the arrow keys walk the points; the status line says it too.
+    page.locator("#ranges a").last.focus()
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.closest('figure').id") == throughput
+    latest = _tip(page, throughput)
+    assert latest[1:] == ["all types", "8", "mail", "6", "report", "2"], latest
+    for _ in range(30):
+        page.keyboard.press("ArrowLeft")
+    assert _tip(page, throughput) == [when, "all types", "20", "mail", "18", "report", "2"]
+    status = page.inner_text(f"#{throughput}-status")
+    assert status == f"{when}: all types 20, mail 18, report 2"
+
+    # While a chart is read, the live refresh waits (the next poll is held back).
+    held = page.evaluate(
+        "new Promise((done) => document.addEventListener('htmx:beforeRequest',"
+        " (e) => done(e.defaultPrevented), {once: true}))"
+    )
+    assert held is True
+    assert page.evaluate("document.activeElement.closest('figure').id") == throughput
+
+    # The queue-age chart reads its own lines; Escape puts the readout away.
+    page.keyboard.press("Tab")
+    age = "chart-oldest-ready-job-s-age-seconds"
+    assert _tip(page, age)[1:] == ["all types", "45", "mail", "45", "report", "12.5"]
+    page.keyboard.press("Escape")
+    page.locator(f"#{age} .chart-tip").wait_for(state="hidden")
+
+    # In the viewer's zone (the header's times button), the time is New York's.
+    page.click("#zone-toggle")
+    page.locator(f'#{throughput} rect.hover[data-when="{when}"]').hover()
+    local = spike.astimezone(ZoneInfo("America/New_York"))
+    shown = _tip(page, throughput)[0]
+    assert local.strftime("%I:%M %p") in shown and ("EST" in shown or "EDT" in shown), shown
+    page.click("#zone-toggle")
+    assert refused == []
+
+
 def test_the_console_on_a_phone_and_in_the_dark(console, browser, conn, tmp_path):
     shots = _shots(tmp_path)
     ids = seed(conn)
@@ -337,10 +448,23 @@ def test_the_console_on_a_phone_and_in_the_dark(console, browser, conn, tmp_path
         assert wide <= 390, (path, wide)  # wide tables scroll inside the page, not the page
     phone.goto(console + "/")
     phone.screenshot(path=str(shots / "console-mobile.png"), full_page=False)
+    # A tap on a chart reads the point out, inside the screen.
+    phone.locator("#chart-jobs-finished-per-minute rect.hover").nth(-20).tap()
+    tip = phone.locator("#chart-jobs-finished-per-minute .chart-tip")
+    tip.wait_for(state="visible")
+    box = tip.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    phone.screenshot(path=str(tmp_path / "phone-readout.png"))
 
     dark = _page(browser, refused, viewport={"width": 1280, "height": 800}, color_scheme="dark")
     _log_in(dark, console)
     background = dark.evaluate("getComputedStyle(document.body).backgroundColor")
     assert background == "rgb(20, 24, 29)", background
     dark.screenshot(path=str(shots / "console-dark.png"), full_page=True)
+    dark.locator("#chart-oldest-ready-job-s-age-seconds rect.hover").nth(-1).hover()
+    tip = dark.locator("#chart-oldest-ready-job-s-age-seconds .chart-tip")
+    tip.wait_for(state="visible")
+    assert tip.evaluate("t => getComputedStyle(t).backgroundColor") == "rgb(20, 24, 29)"
+    dark.screenshot(path=str(tmp_path / "dark-readout.png"))
     assert refused == []

@@ -1,19 +1,24 @@
-"""The overview's charts: axes of round numbers, gridlines, a tooltip per point,
-ranges of 1 h, 24 h and 7 d, and a line per busy job type from the samples."""
+"""The overview's charts: axes of round numbers, gridlines, a readout per point,
+ranges of 1 h, 24 h and 7 d, and a line per job type from the per-type samples
+(the busiest types' throughput, the queue age of the types that waited longest)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
 from rota import workers
-from rota.web import charts
+from rota.web import charts, reads
 from tests.web.conftest import BEARER, HTML, add_job
 
 END = datetime(2030, 3, 14, 15, 30, tzinfo=UTC)
+THROUGHPUT = "chart-jobs-finished-per-minute"
+QUEUE_AGE = "chart-oldest-ready-job-s-age-seconds"
 
 
-def test_a_chart_has_round_y_ticks_time_labels_and_a_tooltip_per_point():
+def test_a_chart_has_round_y_ticks_time_labels_and_a_readout_per_point():
     points = [(END - timedelta(minutes=m), float(m % 7)) for m in range(60, -1, -1)]
     c = charts.chart("Jobs", {"all types": points, "email": points[:10]}, END, charts.RANGES["1h"])
     assert [label for _, label in c.y_ticks] == ["0", "2", "4", "6", "8"]  # peak 6 -> 8
@@ -26,7 +31,16 @@ def test_a_chart_has_round_y_ticks_time_labels_and_a_tooltip_per_point():
         "15:20",
         "15:30",
     ]
-    assert len(c.hovers) == 61 and c.hovers[-1].text == "Thu 15:30 UTC: all types 0"
+    assert len(c.columns) == 61
+    assert c.columns[-1].text == "Thu 14 Mar 15:30 UTC: all types 0"  # email ended at 14:39
+    assert c.columns[0].text == "Thu 14 Mar 14:30 UTC: all types 4, email 4"
+    # The readout: each line's value as shown and its height, at the middle of its strip.
+    first = c.columns[0]
+    assert json.loads(first.readout) == [["4", 93.0], ["4", 93.0]]
+    assert first.x + first.width / 2 == charts.LEFT
+    assert json.loads(c.columns[-1].readout) == [["0", 178.0], None]
+    assert json.loads(c.legend) == [["all types", "s1"], ["email", "s2"]]
+    assert c.slug == "chart-jobs"
     assert [line.css for line in c.lines] == ["s1", "s2"]
     assert charts.chart("Jobs", {"all types": points[:1]}, END, charts.RANGES["1h"]).empty
 
@@ -56,8 +70,8 @@ def _samples(conn, minutes: int, step: int = 1) -> None:
         for job_type, share in (("email", 7), ("sms", 3)):
             conn.execute(
                 "INSERT INTO rota.queue_sample_type VALUES"
-                " (date_trunc('minute', %s::timestamptz), %s, %s, 0, 0, 0)",
-                [now - timedelta(minutes=minute), job_type, n * share],
+                " (date_trunc('minute', %s::timestamptz), %s, %s, 0, 0, 0, %s)",
+                [now - timedelta(minutes=minute), job_type, n * share, share],
             )
 
 
@@ -68,21 +82,53 @@ def test_the_overview_draws_each_range_with_a_line_per_type(client, conn):
         assert f'href="/?range={name}" class="active"' in page, name
         svg = page[page.index("<svg") : page.index("</svg>")]
         assert 'class="line s2"' in svg and 'class="line s3"' in svg, name  # email, sms
-        assert abs(svg.count("<title>") - points) <= 2, (name, svg.count("<title>"))
+        columns = svg.count('<rect class="hover"')
+        assert abs(columns - points) <= 2, (name, columns)
+        assert svg.count("data-values=") == columns and "<title>" not in svg
         assert 'class="gridline"' in svg and 'class="axis-label"' in svg
-        legend = re.findall(r'class="key k\d"></span>([^<]+)<', page)
-        assert legend == ["all types", "email", "sms"], name
+        charts_at = [page.index(f'id="{slug}"') for slug in (THROUGHPUT, QUEUE_AGE)]
+        for start, end in itertools.pairwise([*charts_at, len(page)]):
+            legend = re.findall(r'class="key k\d"></span>([^<]+)<', page[start:end])
+            assert legend == ["all types", "email", "sms"], name  # email waited longest
     assert client.get("/", params={"range": "2y"}, headers=BEARER).status_code == 400
 
 
 def test_the_sample_is_recorded_per_type_too(conn):
-    add_job(conn, "email", "ready")
+    now = datetime.now(UTC)
+    add_job(conn, "email", "ready", run_at=now - timedelta(seconds=90))
+    add_job(conn, "email", "ready", run_at=now - timedelta(seconds=30))
+    add_job(conn, "email", "ready", run_at=now + timedelta(hours=1))  # not due: not late
     add_job(conn, "sms", "dead")
-    assert workers.record_sample(conn)
+    assert workers.record_sample(conn, now=now)
     rows = conn.execute(
-        "SELECT type, ready_due, ended_total FROM rota.queue_sample_type ORDER BY type"
+        "SELECT type, ready_due, ended_total, oldest_ready_age_seconds"
+        " FROM rota.queue_sample_type ORDER BY type"
     ).fetchall()
-    assert [(r["type"], r["ready_due"], r["ended_total"]) for r in rows] == [
-        ("email", 1, 0),
-        ("sms", 0, 1),
-    ]
+    assert [tuple(r.values()) for r in rows] == [("email", 2, 0, 90.0), ("sms", 0, 1, 0.0)]
+
+
+def test_the_queue_age_chart_has_a_line_per_type_that_waited(client, conn):
+    """The age of each type's oldest due job: the types that waited longest, the
+    idle ones left out, samples from before the per-type age (NULL) as gaps."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    ages = {"email": 40.0, "sms": 0.0, "report": 300.0}
+    for minute in range(30, -1, -1):
+        at = now - timedelta(minutes=minute)
+        conn.execute(
+            "INSERT INTO rota.queue_sample VALUES (%s, 0, 0, 1, 0, %s)", [at, max(ages.values())]
+        )
+        for job_type, age in ages.items():
+            conn.execute(
+                "INSERT INTO rota.queue_sample_type VALUES (%s, %s, 0, 0, 1, 0, %s)",
+                [at, job_type, None if job_type == "email" and minute > 20 else age],
+            )
+    o = reads.overview(conn)
+    assert [line.name for line in o.queue_age.lines] == ["all types", "report", "email"]
+    last = o.queue_age.columns[-1]
+    assert last.text.endswith(": all types 300, report 300, email 40")
+    early = next(c for c in o.queue_age.columns if c.at == now - timedelta(minutes=25))
+    assert early.values[2] is None and early.text.endswith(": all types 300, report 300")
+    page = client.get("/", headers={**BEARER, **HTML}).text
+    age_chart = page[page.index(f'id="{QUEUE_AGE}"') :]
+    legend = re.findall(r'class="key k\d"></span>([^<]+)<', age_chart)
+    assert legend == ["all types", "report", "email"]
