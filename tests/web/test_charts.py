@@ -4,6 +4,7 @@ ranges of 1 h, 24 h and 7 d, and a line per job type from the per-type samples
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
@@ -132,3 +133,22 @@ def test_the_queue_age_chart_has_a_line_per_type_that_waited(client, conn):
     age_chart = page[page.index(f'id="{QUEUE_AGE}"') :]
     legend = re.findall(r'class="key k\d"></span>([^<]+)<', age_chart)
     assert legend == ["all types", "report", "email"]
+
+
+def test_a_type_name_reaches_the_readout_as_text_only(client, conn):
+    """console.js puts the names in the tooltip with textContent; the page carries
+    them escaped inside the chart's data-lines attribute, never as markup."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    name = '<img src=x onerror="alert(1)">'
+    for minute in range(5, -1, -1):
+        at = now - timedelta(minutes=minute)
+        conn.execute("INSERT INTO rota.queue_sample VALUES (%s, %s, 0, 1, 0, 9)", [at, minute])
+        conn.execute(
+            "INSERT INTO rota.queue_sample_type VALUES (%s, %s, %s, 0, 1, 0, 9)",
+            [at, name, 10 - minute],
+        )
+    page = client.get("/", headers={**BEARER, **HTML}).text
+    assert "<img" not in page
+    lines = re.search(r'data-lines="([^"]*)"', page)
+    assert lines is not None and "&lt;img" in lines.group(1)
+    assert [n for n, _ in json.loads(html.unescape(lines.group(1)))] == ["all types", name]
