@@ -150,12 +150,16 @@ def live_count(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> int:
 
 
 def record_sample(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> bool:
-    """Write this minute's queue sample unless it exists; True when this call wrote it."""
+    """Write this minute's queue sample unless it exists; True when this call wrote it.
+
+    The writer of the minute's sample also folds the done counts appended since
+    the last (migration 0016)."""
     with connection(conn_or_dsn) as conn:
         written = bool(fetch_all(conn, sql.query("queue_sample_record"), {"now": now}))
         if written:
             fetch_all(conn, sql.query("queue_sample_type_record"), {"now": now})
             fetch_all(conn, sql.query("queue_sample_prune"), {"now": now})
+            fetch_all(conn, sql.query("done_counts_fold"))
     return written
 
 

@@ -233,8 +233,9 @@ RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requeste
 --   cancelled -> cancelled
 -- A job somebody asked to cancel never runs again: a retry or a release of it
 -- is written as cancelled (a done or failed outcome stands).
--- The rows moved into done are counted here, in rota.job_done_count (every row
--- written was running before, so none leaves done).
+-- The rows moved into done are counted here, a row appended to
+-- rota.job_done_count per type (every row written was running before, so none
+-- leaves done; the queue's minute sample folds the rows, migration 0016).
 WITH written AS (
     UPDATE rota.job AS j
     SET status = CASE
@@ -280,12 +281,11 @@ WITH written AS (
     RETURNING j.id, f.attempts, j.status, j.type
 ),
 counted AS (
-    INSERT INTO rota.job_done_count (type, shard, count)
-    SELECT type, mod(pg_backend_pid(), 16), count(*)
+    INSERT INTO rota.job_done_count (type, count)
+    SELECT type, count(*)
     FROM written
     WHERE status = 'done'
     GROUP BY type
-    ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + excluded.count
 ),
 -- A slot of a limited type came free: idle workers wake to claim the jobs the
 -- limit held back (one notification per transaction, folded by PostgreSQL).

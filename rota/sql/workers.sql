@@ -125,6 +125,10 @@ WITH per_type AS (
 DELETE FROM rota.queue_sample
 WHERE minute < coalesce(%(now)s::timestamptz, now()) - interval '8 days'
 
+-- name: done_counts_fold
+-- One row per type in rota.job_done_count (see migration 0016).
+SELECT rota.fold_done_counts() AS folded
+
 -- name: queue_sample_type_record
 -- This minute's sample per job type (after queue_sample_record wrote the
 -- minute's queue sample): the same counters and partial indexes, by type.

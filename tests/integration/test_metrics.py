@@ -8,6 +8,7 @@ stay cheap: on a table of 200,000 done rows no plan reads rota.job sequentially.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict
 
 from rota import claim as claims
-from rota import sql
+from rota import sql, workers
 from rota.claim import Attempt
 from rota.jobs import Outcome, Status
 from rota.metrics import (
@@ -137,6 +138,86 @@ def test_done_count_sums_the_shards_of_many_connections(conn, db_url):
         with psycopg.connect(db_url, autocommit=True) as other:
             add_job(other, "email", "done")
     assert read_status(conn, now=NOW)["types"]["email"]["done"] == 5
+
+
+def _done_counts(conn) -> tuple[int, dict[str, int]]:
+    rows = conn.execute("SELECT type, count FROM rota.job_done_count").fetchall()
+    totals: dict[str, int] = {}
+    for row in rows:
+        totals[row["type"]] = totals.get(row["type"], 0) + row["count"]
+    return len(rows), totals
+
+
+def test_done_counts_are_appended_never_updated_in_place(conn):
+    # An update of a counter row makes a version that a transaction held open
+    # elsewhere keeps: the next update walks every one of them. Appended rows
+    # cost the same however long a snapshot is held.
+    for _ in range(6):
+        add_job(conn, "email", "ready")
+    with conn.transaction():  # the counters read below are this transaction's
+        for _ in range(3):
+            jobs = claims.claim(conn, "w", 2, 30.0, now=NOW)
+            done = [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs]
+            claims.write_outcomes(conn, "w", done)
+        add_job(conn, "email", "done")
+        conn.execute("DELETE FROM rota.job WHERE id = (SELECT min(id) FROM rota.job)")
+        updated = conn.execute(
+            "SELECT pg_stat_get_xact_tuples_updated('rota.job_done_count'::regclass) AS n"
+        ).fetchone()["n"]
+    assert updated == 0
+    rows, totals = _done_counts(conn)
+    assert totals == {"email": 6} and rows == 5  # three outcome batches, an insert, a delete
+    assert read_status(conn, now=NOW)["types"]["email"]["done"] == 6
+    assert conn.execute("SELECT rota.fold_done_counts() AS n").fetchone()["n"] == 5
+    assert _done_counts(conn) == (1, {"email": 6})
+    assert read_status(conn, now=NOW)["types"]["email"]["done"] == 6
+
+
+def test_a_fold_keeps_the_counts_appended_beside_it_and_beside_another_fold(conn, db_url):
+    add_job(conn, "email", "done")
+    add_job(conn, "sms", "done")
+    with (
+        psycopg.connect(db_url) as appending,
+        psycopg.connect(db_url) as folding,
+        psycopg.connect(db_url, autocommit=True) as other,
+    ):
+        add_job(appending, "email", "done")  # not committed while the folds run
+        folding.execute("SELECT rota.fold_done_counts()")  # holds the rows it deleted
+        # A second fold meets the first's deleted rows: it waits, then skips them.
+        second = threading.Thread(target=other.execute, args=("SELECT rota.fold_done_counts()",))
+        second.start()
+        wait_for_lock_wait(conn)
+        folding.commit()
+        second.join(timeout=30)
+        assert not second.is_alive()
+        appending.commit()
+    _, totals = _done_counts(conn)
+    assert totals == {"email": 2, "sms": 1}
+    conn.execute("SELECT rota.fold_done_counts()")
+    assert _done_counts(conn) == (2, {"email": 2, "sms": 1})
+
+
+def test_the_minute_sample_folds_the_done_counts(conn):
+    for job_type in ("email", "email", "sms"):
+        add_job(conn, job_type, "done")
+    assert _done_counts(conn) == (3, {"email": 2, "sms": 1})
+    assert workers.record_sample(conn, now=NOW)
+    assert _done_counts(conn) == (2, {"email": 2, "sms": 1})
+    assert not workers.record_sample(conn, now=NOW)  # the minute's writer folded
+
+
+def wait_for_lock_wait(conn, deadline: float = 20.0) -> None:
+    """Until another session of this database waits for a lock."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+        if row["n"]:
+            return
+        time.sleep(0.01)
+    raise AssertionError("no session waited for a lock")
 
 
 def test_lease_expirations_per_utc_hour(conn):
