@@ -79,10 +79,17 @@ def errors_wrapped() -> Iterator[None]:
         raise DatabaseError(f"UnicodeEncodeError: {exc}") from exc
 
 
-def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> Conn:
-    """Open a connection that returns rows as dicts."""
+def connect(
+    dsn: str,
+    *,
+    autocommit: bool = True,
+    connection_class: type[Conn] = psycopg.Connection,
+    **kwargs: Any,
+) -> Conn:
+    """Open a connection that returns rows as dicts (of `connection_class`, a
+    psycopg `Connection` or a subclass)."""
     with errors_wrapped():
-        conn: Conn = psycopg.connect(
+        conn: Conn = connection_class.connect(
             dsn,
             autocommit=autocommit,
             row_factory=dict_row,

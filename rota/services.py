@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Protocol
 
 from rota import db
+from rota.deadlines import Deadlines
 from rota.errors import RotaError
 from rota.settings import ConnectionSettings
 
@@ -72,21 +73,25 @@ def run_loop(
     *,
     once: bool = False,
     connection: ConnectionSettings | None = None,
+    deadlines: Deadlines | None = None,
 ) -> list[Result]:
     """Run `service` until `stop` is set, logging what each pass did.
 
     With `once`, run passes until one is not capped and return their results;
     a failure then raises instead of being logged and retried. The service's
-    connection carries the timeouts of `connection` (the defaults when None).
+    connection carries the timeouts of `connection` (the defaults when None),
+    and every wait for an answer on it has the answer deadline (kept by
+    `deadlines`, a watchdog of its own when None): a connection that stops
+    answering ends the pass as an outage, and the next pass opens a new one.
     """
-    timeouts = connection or ConnectionSettings()
+    deadlines = deadlines or Deadlines(connection)
     results: list[Result] = []
     conn: db.Conn | None = None
     try:
         while not stop.is_set():
             try:
                 if conn is None:
-                    conn = _connect(service, dsn, timeouts)
+                    conn = _connect(service, dsn, deadlines)
                 result = service.run_once(conn)
                 if once or result.count:
                     log.info("%s: %s", service.name, result)
@@ -115,12 +120,13 @@ def start_thread(
     dsn: str,
     stop: threading.Event,
     connection: ConnectionSettings | None = None,
+    deadlines: Deadlines | None = None,
 ) -> threading.Thread:
     """`run_loop` in a daemon thread of its own, until `stop` is set."""
     thread = threading.Thread(
         target=run_loop,
         args=(service, dsn, stop),
-        kwargs={"connection": connection},
+        kwargs={"connection": connection, "deadlines": deadlines},
         name=f"rota-{service.name}",
         daemon=True,
     )
@@ -128,8 +134,8 @@ def start_thread(
     return thread
 
 
-def _connect(service: Service, dsn: str, timeouts: ConnectionSettings) -> db.Conn:
-    conn = db.connect(dsn, application_name=f"rota-{service.name}", **timeouts.libpq(dsn))
+def _connect(service: Service, dsn: str, deadlines: Deadlines) -> db.Conn:
+    conn = deadlines.connect(dsn, f"rota-{service.name}", each_answer=True)
     if service.wake_channel is not None:
         db.listen(conn, service.wake_channel)
     return conn

@@ -18,6 +18,7 @@ from psycopg.conninfo import make_conninfo
 
 import rota
 from rota import claim as claims
+from rota.deadlines import Deadlines
 from rota.handlers import Handler
 from rota.jobs import Job
 from rota.settings import ConnectionSettings
@@ -25,7 +26,6 @@ from rota_worker import listener as listener_module
 from rota_worker.execute import Execution
 from rota_worker.heartbeat import Heartbeat
 from rota_worker.leases import LeaseKeeper
-from rota_worker.link import Deadlines
 from rota_worker.listener import Listener
 from tests.acceptance.procs import wait_for
 from tests.worker.test_parts import _async_handlers, _noop, _running, row

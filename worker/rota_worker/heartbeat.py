@@ -4,7 +4,7 @@ Leases are renewed from a thread of their own, on a connection of its own, not
 from the event loop the async handlers share: an async handler that blocks the
 loop (``time.sleep`` in an ``async def``) cannot cost its neighbours their
 leases. The heartbeat statement runs under a lock timeout and every call under
-an answer deadline (see `rota_worker.link.Deadlines`), so a row lock or a
+an answer deadline (see `rota.deadlines.Deadlines`), so a row lock or a
 half-open socket cannot hang it either.
 
 What the heartbeat learns (leases lost, cancels requested) is handed to the
@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 from rota import claim as claims
 from rota import db
+from rota.deadlines import Deadlines
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.metrics import record_loop_stall
 from rota_worker.leases import Key, LeaseKeeper
-from rota_worker.link import Deadlines
 
 log = logging.getLogger("rota.worker")
 
@@ -205,7 +205,9 @@ class Heartbeat:
 
     def _connection(self) -> db.Conn:
         if self._conn is None or self._conn.closed:
-            self._conn = self.deadlines.connect(self.dsn, "heartbeat", lock_timeout=True)
+            self._conn = self.deadlines.connect(
+                self.dsn, "rota-worker-heartbeat", lock_timeout=True
+            )
         return self._conn
 
     def _close(self) -> None:

@@ -36,6 +36,7 @@ from prometheus_client import generate_latest
 
 from rota import workers
 from rota.claim import Attempt
+from rota.deadlines import Deadlines
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import Context, Handler, registered
 from rota.jobs import Job
@@ -49,7 +50,7 @@ from rota_worker.claiming import ClaimLoop
 from rota_worker.execute import Execution, Stop, outcome_of_error, run_attempt, timeout_of
 from rota_worker.heartbeat import Heartbeat
 from rota_worker.leases import LeaseKeeper
-from rota_worker.link import Backoff, Deadlines, Link, first
+from rota_worker.link import Backoff, Link, first
 from rota_worker.listener import Listener
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.probes import serve
@@ -160,7 +161,7 @@ class Worker:
         listener = Listener(
             self.dsn,
             self.claims.jobs_notified,
-            functools.partial(self.deadlines.connect, self.dsn, "listen"),
+            functools.partial(self.deadlines.connect, self.dsn, "rota-worker-listen"),
             self.deadlines.watch,
         )
         listener.start()
@@ -178,7 +179,7 @@ class Worker:
             if await self._wait_until_usable(io):
                 await self._registry(links["registry"], workers.register)
                 for service in self.services:
-                    start_thread(service, self.dsn, services_stop, self.settings.connection)
+                    start_thread(service, self.dsn, services_stop, deadlines=self.deadlines)
                 self.heartbeat.start(self._loop)
                 loops = [
                     asyncio.create_task(self.outcomes.run(links["flush"])),
