@@ -99,6 +99,26 @@ def timeout_seconds(value: Any, what: str = "timeout") -> float:
     return interval_seconds(value, what)
 
 
+MAX_MILLISECONDS_TIMEOUT = INTEGER_MAX // 1000
+"""Longest statement_timeout, lock_timeout or TCP_USER_TIMEOUT, in whole seconds
+(about 24.8 days): each travels as a 32-bit count of milliseconds."""
+
+MAX_KEEPALIVE_SECONDS = 32767
+"""Longest TCP keepalive idle time or probe interval Linux takes (TCP_KEEPIDLE,
+TCP_KEEPINTVL), in seconds; a larger one makes every connection attempt fail."""
+
+MAX_KEEPALIVE_PROBES = 127
+"""Most unanswered TCP keepalive probes Linux takes (TCP_KEEPCNT)."""
+
+
+def seconds_within(value: Any, what: str, least: float, most: float = MAX_SECONDS) -> float:
+    """A span of seconds from `least` to `most`."""
+    seconds = _seconds(value, what)
+    if not least <= seconds <= most:
+        raise InvalidInput(f"{what} must be from {least:g} to {most:.0f} seconds, not {value!r}")
+    return seconds
+
+
 def priority(value: Any, what: str = "priority") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
         raise InvalidInput(f"{what} must be a whole number from 0 (first) to 9, not {value!r}")

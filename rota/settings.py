@@ -7,6 +7,8 @@ else receives one of these.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
@@ -94,16 +96,17 @@ class ConnectionSettings:
     on top."""
 
     def __post_init__(self) -> None:
-        if self.connect_timeout_seconds < 2:
-            raise InvalidInput("connect_timeout_seconds must be at least 2 (libpq's minimum)")
-        for name in ("keepalives_idle_seconds", "keepalives_interval_seconds", "keepalives_count"):
-            if getattr(self, name) < 1:
-                raise InvalidInput(f"{name} must be at least 1")
-        limits.timeout_seconds(self.tcp_user_timeout_seconds, "tcp_user_timeout_seconds")
-        limits.timeout_seconds(self.lock_timeout_seconds, "lock_timeout_seconds")
-        limits.timeout_seconds(self.answer_timeout_seconds, "answer_timeout_seconds")
-        if self.statement_timeout_seconds is not None:
-            limits.timeout_seconds(self.statement_timeout_seconds, "statement_timeout_seconds")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:  # only statement_timeout_seconds may be None
+                self.check(field.name, value, field.name)
+
+    @staticmethod
+    def check(name: str, value: Any, what: str) -> Any:
+        """`value` for the setting `name`, or `InvalidInput` naming it as `what`:
+        the ranges libpq, the kernel and PostgreSQL take (the CLI checks its
+        options and environment variables with this too)."""
+        return _CONNECTION_RANGES[name](value, what)
 
     def libpq(self, dsn: str, *, lock_timeout: bool = False) -> dict[str, Any]:
         """Connection keywords for `rota.db.connect`: the timeouts, with the server
@@ -122,6 +125,27 @@ class ConnectionSettings:
             "tcp_user_timeout": _ms(self.tcp_user_timeout_seconds),
             "options": " ".join(o for o in options if o),
         }
+
+
+_KEEPALIVE = functools.partial(limits.whole, minimum=1, maximum=limits.MAX_KEEPALIVE_SECONDS)
+_MILLISECONDS = functools.partial(
+    limits.seconds_within, least=0.001, most=limits.MAX_MILLISECONDS_TIMEOUT
+)
+_CONNECTION_RANGES: dict[str, Callable[[Any, str], Any]] = {
+    # libpq refuses less than 2 seconds (it makes 2 of them).
+    "connect_timeout_seconds": functools.partial(limits.whole, minimum=2),
+    "keepalives_idle_seconds": _KEEPALIVE,
+    "keepalives_interval_seconds": _KEEPALIVE,
+    "keepalives_count": functools.partial(
+        limits.whole, minimum=1, maximum=limits.MAX_KEEPALIVE_PROBES
+    ),
+    "tcp_user_timeout_seconds": _MILLISECONDS,
+    "statement_timeout_seconds": _MILLISECONDS,
+    "lock_timeout_seconds": _MILLISECONDS,
+    # The watchdog looks four times a deadline (at most every 0.25 s), and a
+    # service waits for notifications in half-second steps, each under it.
+    "answer_timeout_seconds": functools.partial(limits.seconds_within, least=1),
+}
 
 
 def _ms(seconds: float) -> int:

@@ -80,7 +80,8 @@ def parse_duration(text: str, what: str) -> float:
     return limits.delay_seconds(seconds, what)
 
 
-def _whole_number(text: str) -> int:
+def whole_number(text: str) -> int:
+    """argparse type: a whole number, any sign."""
     try:
         return int(text)
     except ValueError:
@@ -90,7 +91,7 @@ def _whole_number(text: str) -> int:
 def positive_int(text: str, maximum: int = limits.INTEGER_MAX) -> int:
     """argparse type: an integer from 1 to `maximum` (by default what an int4 column
     holds); argparse names the option in the error."""
-    value = _whole_number(text)
+    value = whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     if value > maximum:
@@ -128,7 +129,7 @@ def unique_flags(parser: Any, for_help: str, active_help: str) -> None:
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    value = _whole_number(text)
+    value = whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
     return value

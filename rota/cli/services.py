@@ -15,6 +15,7 @@ from typing import Any
 
 from rota import limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
+from rota.cli import timeouts
 from rota.cli.common import checked, database_url, parse_duration
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.migrate import require_current
@@ -35,10 +36,12 @@ def register(sub: Any) -> None:
         help="seconds between passes (default 5)",
     )
     p.add_argument("--once", action="store_true", help="one pass, then exit")
+    timeouts.add_options(p)
     p.set_defaults(func=cmd_reaper)
 
     p = sub.add_parser("scheduler", help="run only the scheduler loop")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
+    timeouts.add_options(p)
     p.set_defaults(func=cmd_scheduler)
 
     p = sub.add_parser("archive", help="move finished jobs to rota.job_archive")
@@ -51,10 +54,13 @@ def register(sub: Any) -> None:
         metavar="DURATION",
         help="also delete rows archived longer ago than this, e.g. 90d (default: keep them)",
     )
+    timeouts.add_options(p)
     p.set_defaults(func=cmd_archive)
 
 
-def _run(service: Service, once: bool) -> int:
+def _run(service: Service, args: argparse.Namespace) -> int:
+    once = args.once
+    connection = timeouts.settings(args)
     dsn = database_url()
     stop = threading.Event()
     if once:
@@ -63,7 +69,7 @@ def _run(service: Service, once: bool) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         _wait_until_usable(dsn, stop)
-    run_loop(service, dsn, stop, once=once)
+    run_loop(service, dsn, stop, once=once, connection=connection)
     return 0
 
 
@@ -82,14 +88,15 @@ def _wait_until_usable(dsn: str, stop: threading.Event) -> None:
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
-    return _run(Reaper(ReaperSettings(interval_seconds=args.interval)), args.once)
+    return _run(Reaper(ReaperSettings(interval_seconds=args.interval)), args)
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    return _run(Scheduler(), args.once)
+    return _run(Scheduler(), args)
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
+    connection = timeouts.settings(args)
     defaults = ArchiveSettings()
     done = defaults.done_retention_seconds
     if args.older_than is not None:
@@ -105,7 +112,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
         failed_retention_seconds=failed,
         archive_retention_seconds=archived,
     )
-    results = run_loop(Archiver(settings), database_url(), threading.Event(), once=True)
+    results = run_loop(
+        Archiver(settings), database_url(), threading.Event(), once=True, connection=connection
+    )
     moved = [r for r in results if isinstance(r, ArchiveResult)]
     total_done, total_failed = sum(r.done for r in moved), sum(r.failed for r in moved)
     print(f"archived {total_done} done and {total_failed} failed/dead jobs")

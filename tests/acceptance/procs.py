@@ -37,13 +37,20 @@ class WorkerProcess:
     started: list[WorkerProcess] = []
     """Every worker a test started: `kill_leftovers` ends those still running."""
 
-    def __init__(self, db_url: str, *args: str, prelude: str = "", log: Path | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        *args: str,
+        prelude: str = "",
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         code = f"{prelude}\nfrom rota.cli import run\nrun()"
         argv = [sys.executable, "-c", code, "worker", "--handlers", "app_handlers", *args]
         self.log_path = log
         out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            argv, env=env_for(db_url), stdout=out, stderr=subprocess.STDOUT
+            argv, env=env_for(db_url, **(env or {})), stdout=out, stderr=subprocess.STDOUT
         )
         WorkerProcess.started.append(self)
 

@@ -262,6 +262,15 @@ def test_a_closed_pipe_ends_quietly(walk_db: str, pg_server: Any, template_db: s
         (["worker", "--lease", "0"], "--lease"),
         (["worker", "--metrics-port", "99999"], "--metrics-port"),
         (["exporter", "--port", "70000"], "--port"),
+        (["worker", "--statement-timeout", "-1"], "--statement-timeout"),
+        (["worker", "--lock-timeout", "3000000"], "--lock-timeout"),
+        (["worker", "--loop-stall", "0"], "--loop-stall"),
+        (["worker", "--keepalives-count", "128"], "--keepalives-count"),
+        (["reaper", "--answer-timeout", "0.5"], "--answer-timeout"),
+        (["reaper", "--keepalives-idle", "32768"], "--keepalives-idle"),
+        (["scheduler", "--connect-timeout", "1"], "--connect-timeout"),
+        (["scheduler", "--tcp-user-timeout", "nan"], "--tcp-user-timeout"),
+        (["archive", "--keepalives-interval", "1.5"], "--keepalives-interval"),
     ],
 )  # fmt: skip
 def test_range_errors_name_their_option(
@@ -269,3 +278,26 @@ def test_range_errors_name_their_option(
 ) -> None:
     line = one_line(*in_process(walk_db, args), expected=2)
     assert option in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "value"),
+    [
+        ("worker", "ROTA_STATEMENT_TIMEOUT_SECONDS", "-5"),
+        ("worker", "ROTA_LOOP_STALL_SECONDS", "soon"),
+        ("reaper", "ROTA_KEEPALIVES_IDLE_SECONDS", "40000"),
+        ("scheduler", "ROTA_ANSWER_TIMEOUT_SECONDS", "0"),
+        ("archive", "ROTA_KEEPALIVES_COUNT", "2.5"),
+    ],
+)
+def test_a_bad_timeout_in_the_environment_names_its_variable(
+    walk_db: str,
+    in_process: InProcess,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    variable: str,
+    value: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    line = one_line(*in_process(walk_db, [command]), expected=2)
+    assert line.startswith(f"rota: error: {variable}: "), line

@@ -193,6 +193,11 @@ def test_enqueue_accepts_only_what_it_can_store(
         ["worker", "--lease", "nan"],  # started a worker
         ["worker", "--poll-interval", "inf"],
         ["worker", "--grace-period", "nan"],
+        ["worker", "--statement-timeout", "inf"],
+        ["worker", "--answer-timeout", "nan"],
+        ["worker", "--loop-stall", "inf"],
+        ["reaper", "--tcp-user-timeout", "-1"],
+        ["scheduler", "--keepalives-count", "0"],
         ["status", "--watch", "0"],
         ["status", "--watch", "-1s"],
         ["status", "--max-age", "old"],

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from rota import limits
+from rota.cli import timeouts
 from rota.cli.common import UsageError, checked, database_url, port_number, positive_int
 from rota.handlers import check_served
 
@@ -77,6 +78,14 @@ def register(sub: Any) -> None:
     p.add_argument("--no-scheduler", action="store_true")
     p.add_argument("--no-reaper", action="store_true")
     p.add_argument("--metrics-port", type=port_number, metavar="PORT")
+    p.add_argument(
+        "--loop-stall",
+        type=checked(float, limits.interval_seconds),
+        metavar="SECONDS",
+        help="the event loop not turning for this long is a stall, logged and counted in"
+        f" rota_worker_loop_stalls_total (default: {LOOP_STALL_ENV} or 1)",
+    )
+    timeouts.add_options(p, heartbeat=True)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="Rota on an embedded PostgreSQL with sample jobs")
@@ -88,6 +97,15 @@ def register(sub: Any) -> None:
         " 0: any free one)",
     )
     p.set_defaults(func=cmd_demo)
+
+
+LOOP_STALL_ENV = "ROTA_LOOP_STALL_SECONDS"
+
+
+def _loop_stall(args: argparse.Namespace, default: float) -> float:
+    parse = checked(float, limits.interval_seconds)
+    seconds = timeouts.option_or_env(args.loop_stall, LOOP_STALL_ENV, parse)
+    return default if seconds is None else float(seconds)
 
 
 def load_handlers(modules: list[str]) -> None:
@@ -122,6 +140,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         claim_ahead=not args.no_claim_ahead,
         eager_tasks=not args.no_eager_tasks,
+        connection=timeouts.settings(args),
+        loop_stall_seconds=_loop_stall(args, WorkerSettings.loop_stall_seconds),
     )
     dsn = database_url()
     if args.django:
