@@ -308,7 +308,8 @@ SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::big
 -- counted, as rota.retry.backoff_seconds computes it for a failed one: base *
 -- 2^(attempts-1), capped, +/- jitter), or dead once the attempts are used up.
 -- Capped batches and SKIP LOCKED keep many reapers out of each other's way;
--- each expiration is counted in its UTC hour.
+-- each expiration is counted in its UTC hour. A job of a limited type that
+-- leaves running frees a slot, and wakes idle workers as an outcome does.
 WITH expired AS (
     SELECT id, 'LeaseExpired: worker ' || coalesce(locked_by, '?')
                || ' stopped renewing its lease during attempt ' || attempts AS error
@@ -344,8 +345,14 @@ counted AS (
     FROM reset
     HAVING count(*) > 0
     ON CONFLICT (hour) DO UPDATE SET count = rota.lease_expiration.count + excluded.count
+),
+-- A slot of a limited type came free: idle workers wake to claim the jobs the
+-- limit held back (see write_outcomes).
+woken AS (
+    SELECT pg_notify('rota_jobs', '')
+    WHERE EXISTS (SELECT FROM reset JOIN rota.job_limit AS l ON l.type = reset.type)
 )
-SELECT id, status, type FROM reset
+SELECT id, status, type FROM reset LEFT JOIN woken ON true
 
 -- name: list_jobs
 SELECT *

@@ -4,6 +4,7 @@ concurrency, rates, fairness across groups, and claims that interleave."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,9 @@ import rota
 from rota.claim import Attempt, claim, write_and_claim, write_outcomes
 from rota.errors import InvalidInput
 from rota.jobs import Job, Outcome
+from rota.reaper import Reaper
+from tests.acceptance.procs import wait_for
+from tests.worker.test_parts import _async_handlers, _noop, _running, row
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -278,3 +282,54 @@ def test_an_outcome_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) ->
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # unlimited: no wake
         write_outcomes(c, "w", [Attempt(jobs["payment"].id, 1, Outcome.DONE)])
         assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
+
+
+def _expire(conn: psycopg.Connection[Any], job_id: int) -> None:
+    conn.execute(
+        "UPDATE rota.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,)
+    )
+
+
+def test_a_reaped_lease_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) -> None:
+    with (
+        psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c,
+        psycopg.connect(db_url, autocommit=True) as listener,
+    ):
+        rota.set_limit(c, "payment", concurrency=1)
+        rota.enqueue_many(c, [rota.NewJob("payment"), rota.NewJob("other")])
+        jobs = {j.type: j for j in claim(c, "gone", 10, 30)}
+        listener.execute("LISTEN rota_jobs")
+        _expire(c, jobs["other"].id)
+        assert Reaper().run_once(c).requeued == [jobs["other"].id]
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # unlimited: no wake
+        _expire(c, jobs["payment"].id)
+        assert Reaper().run_once(c).requeued == [jobs["payment"].id]
+        assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
+
+
+def test_an_idle_worker_claims_at_once_the_job_a_reaped_lease_let_through(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # A worker died holding the only slot of a limited type; an idle worker waits
+    # for a NOTIFY, its next poll a minute away. The reaper gives the slot back
+    # and wakes it: the job the limit held back starts within seconds.
+    rota.set_limit(conn, "payment", concurrency=1)
+    rota.enqueue_many(conn, [rota.NewJob("payment"), rota.NewJob("payment")])
+    [held] = claim(conn, "gone", 1, 30)
+    handlers = _async_handlers(payment=_noop, probe=_noop)
+    with _running(db_url, handlers, concurrency=2, poll_interval_seconds=60):
+        probe = rota.enqueue(conn, "probe")
+        wait_for(lambda: row(conn, probe)["status"] == "done", 20, "the worker to be idle")
+        _expire(conn, held.id)
+        assert Reaper().run_once(conn).requeued == [held.id]
+        freed = time.monotonic()
+        wait_for(lambda: running(conn, "payment") or _done(conn, "payment"), 10, "a claim")
+        assert time.monotonic() - freed < 10  # not the poll, a minute away
+    assert row(conn, held.id)["status"] == "ready"  # after its backoff
+
+
+def _done(conn: psycopg.Connection[Any], job_type: str) -> int:
+    found = conn.execute(
+        "SELECT count(*) AS n FROM rota.job WHERE status = 'done' AND type = %s", (job_type,)
+    ).fetchone()
+    return int(found["n"])  # type: ignore[index]
