@@ -7,7 +7,10 @@ one short statement each, so it never holds locks that workers would wait on.
 An idempotency key lives in rota.job's unique index only while its row is
 there: the key's idempotency window equals the retention of its row. With an
 `archive_retention`, the same run then deletes archived rows older than it;
-without one (the default), rota.job_archive keeps them.
+without one (the default), rota.job_archive keeps them. Last, it deletes the
+keys of unique_for whose window has passed (rota.job_unique_key), which would
+otherwise pile up for good: never one whose window may still refuse a job
+(rota/sql/archive.sql says how).
 
 It runs as the built-in schedule ``rota/archive`` (job type ``rota.archive``,
 settings in the schedule's payload) and as ``rota archive``. It never touches
@@ -22,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from rota import sql
-from rota.db import ConnOrDsn, connection, fetch_all
+from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput, Permanent
 from rota.handlers import Context, handler
 from rota.jobs import Job, Status
@@ -49,6 +52,12 @@ class ArchiveSettings:
     """How long an archived row stays in rota.job_archive, in seconds after it
     was archived, before it is deleted; None keeps archived rows for good."""
 
+    unique_key_retention_seconds: float = 3600.0
+    """How long a unique_for key's row stays after its window has passed, in
+    seconds, before it is deleted. The window is over either way (an enqueue then
+    makes a new job); the row is kept for an enqueue whose transaction began
+    inside the window and judges the key by that instant."""
+
     batch_size: int = 1000
     """Rows moved per statement: each batch is one short transaction."""
 
@@ -56,7 +65,11 @@ class ArchiveSettings:
     """Batches per run; what is left waits for the next run (every 5 minutes by default)."""
 
     def __post_init__(self) -> None:
-        retentions = [self.done_retention_seconds, self.failed_retention_seconds]
+        retentions = [
+            self.done_retention_seconds,
+            self.failed_retention_seconds,
+            self.unique_key_retention_seconds,
+        ]
         if self.archive_retention_seconds is not None:
             retentions.append(self.archive_retention_seconds)
         if any(r < 0 for r in retentions):
@@ -100,11 +113,14 @@ class ArchiveResult:
     failed: int = 0
     """Failed, dead and cancelled rows moved."""
     batches: int = 0
-    """Statements run."""
+    """Statements run that moved or deleted jobs (those deleting keys have a cap
+    of their own)."""
     capped: bool = False
     """True when max_batches stopped the run: rows may be left for the next run."""
     deleted: int = 0
     """Archived rows deleted after the archive retention."""
+    keys: int = 0
+    """Keys of unique_for deleted, their window passed (rota.job_unique_key)."""
 
     @property
     def count(self) -> int:
@@ -114,7 +130,9 @@ class ArchiveResult:
         """The log line: what the run did, in words."""
         return (
             f"archived {self.done} done and {self.failed} failed/dead jobs;"
-            f" deleted {self.deleted} archived jobs" + ("; more waiting" if self.capped else "")
+            f" deleted {self.deleted} archived jobs"
+            + (f" and {self.keys} expired unique keys" if self.keys else "")
+            + ("; more waiting" if self.capped else "")
         )
 
 
@@ -129,7 +147,7 @@ class Archiver(Service):
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> ArchiveResult:
         """Move what is old enough, then delete archived rows past the archive
         retention (if one is set), batch by batch, up to max_batches statements
-        in all."""
+        in all; then delete expired unique keys, up to max_batches statements more."""
         s = self.settings
         steps: list[tuple[str, dict[str, Any]]] = [
             (
@@ -154,12 +172,31 @@ class Archiver(Service):
                     if batches == s.max_batches:
                         capped = True
                         break
-                    values = {**params, "now": now, "limit": s.batch_size}
-                    count = int(fetch_all(conn, sql.query(query), values)[0]["moved"])
+                    count = self._batch(conn, query, {**params, "now": now})
                     counts[step], batches = counts[step] + count, batches + 1
                     if count < s.batch_size:
                         break
-        return ArchiveResult(counts[0], counts[1], batches, capped, deleted=counts[2])
+            keys, keys_capped = self._expired_keys(conn, now)
+        return ArchiveResult(
+            counts[0], counts[1], batches, capped or keys_capped, deleted=counts[2], keys=keys
+        )
+
+    def _expired_keys(self, conn: Conn, now: datetime | None) -> tuple[int, bool]:
+        """Delete expired unique keys: how many, and whether max_batches stopped it."""
+        s = self.settings
+        params = {"retention": s.unique_key_retention_seconds, "now": now}
+        deleted = 0
+        for _ in range(s.max_batches):
+            count = self._batch(conn, "delete_expired_unique_keys", params)
+            deleted += count
+            if count < s.batch_size:
+                return deleted, False
+        return deleted, True
+
+    def _batch(self, conn: Conn, query: str, params: dict[str, Any]) -> int:
+        """One capped batch of `query`: the rows it moved or deleted."""
+        values = {**params, "limit": self.settings.batch_size}
+        return int(fetch_all(conn, sql.query(query), values)[0]["moved"])
 
 
 @handler(JOB_TYPE)

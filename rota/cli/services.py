@@ -120,4 +120,6 @@ def cmd_archive(args: argparse.Namespace) -> int:
     print(f"archived {total_done} done and {total_failed} failed/dead jobs")
     if archived is not None:
         print(f"deleted {sum(r.deleted for r in moved)} archived jobs")
+    if keys := sum(r.keys for r in moved):
+        print(f"deleted {keys} expired unique keys")
     return 0

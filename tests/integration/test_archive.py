@@ -104,6 +104,28 @@ def test_deleting_archived_rows_walks_the_archive_by_index(conn: Conn) -> None:
         " FROM generate_series(1, 50000) AS g"
     )
     conn.execute("ANALYZE rota.job_archive")
+    plan = generic_plan(conn, "delete_archived")
+    assert "Seq Scan" not in plan, plan
+    assert "job_archive_archived_idx" in plan and "job_archive_pkey" in plan, plan
+
+
+def test_deleting_expired_unique_keys_walks_the_keys_by_index(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO rota.job_unique_key (key, job_id, until)"
+        " SELECT 'k' || g, g, now() + (g - 25000) * interval '1 minute'"
+        " FROM generate_series(1, 50000) AS g"
+    )
+    conn.execute("ANALYZE rota.job_unique_key")
+    plan = generic_plan(conn, "delete_expired_unique_keys")
+    # Walked in window order up to the batch's LIMIT: no sort nor hash of every
+    # expired key, and the schedules asked about a schedule's key only.
+    assert "Seq Scan on job_unique_key" not in plan, plan
+    assert "Sort" not in plan and "Hash" not in plan, plan
+    assert "job_unique_key_until_idx" in plan and "job_unique_key_pkey" in plan, plan
+
+
+def generic_plan(conn: Conn, query: str) -> str:
+    """EXPLAIN of the named query as planned for any values of its parameters."""
     names: list[str] = []
 
     def number(match: re.Match[str]) -> str:
@@ -111,11 +133,9 @@ def test_deleting_archived_rows_walks_the_archive_by_index(conn: Conn) -> None:
             names.append(match.group(1))
         return f"${names.index(match.group(1)) + 1}"
 
-    statement = re.sub(r"%\((\w+)\)s", number, sql.query("delete_archived"))
-    row = conn.execute("EXPLAIN (GENERIC_PLAN) " + statement).fetchall()
-    plan = "\n".join(r["QUERY PLAN"] for r in row)
-    assert "Seq Scan" not in plan, plan
-    assert "job_archive_archived_idx" in plan and "job_archive_pkey" in plan, plan
+    statement = re.sub(r"%\((\w+)\)s", number, sql.query(query))
+    rows = conn.execute("EXPLAIN (GENERIC_PLAN) " + statement).fetchall()
+    return "\n".join(r["QUERY PLAN"] for r in rows)
 
 
 def test_no_job_lost_or_doubled_while_workers_claim(db_url: str, conn: Conn) -> None:

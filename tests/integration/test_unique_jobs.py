@@ -4,6 +4,7 @@ active (unique_active), alone, in batches, and under concurrent enqueues."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -15,9 +16,13 @@ from psycopg.rows import dict_row
 
 import rota
 import rota.control
+from rota import schedule_store
+from rota.archive import Archiver, ArchiveSettings
 from rota.claim import Attempt, claim, write_outcomes
 from rota.errors import InvalidInput
 from rota.jobs import Outcome
+from rota.schedule_store import ScheduleSpec
+from rota.scheduler import Scheduler
 from tests.integration.test_flow_limits import wait_for_lock_wait
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -304,3 +309,106 @@ async def test_an_async_enqueue_waits_for_a_holder_in_an_open_transaction(
             getattr(holder, outcome)()
             got = await asyncio.wait_for(waiting, 30)
         assert (got == first) == (outcome == "commit")
+
+
+# -- keys whose window has passed are deleted by the archiver -------------------------
+
+NO_GRACE = ArchiveSettings(unique_key_retention_seconds=0)
+"""The archiver deleting keys the moment their window has passed."""
+
+
+def unique_keys(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = conn.execute("SELECT key, job_id FROM rota.job_unique_key").fetchall()
+    return {r["key"]: r["job_id"] for r in rows}  # type: ignore[call-overload]
+
+
+def test_the_archiver_deletes_keys_whose_window_has_passed_in_batches(
+    conn: psycopg.Connection[Any],
+) -> None:
+    for i in range(5):
+        rota.enqueue(conn, "t", key=f"old-{i}", unique_for=60, now=T0)
+    live = rota.enqueue(conn, "t", key="live", unique_for=7200, now=T0)
+    settings = ArchiveSettings(unique_key_retention_seconds=600, batch_size=2)
+    kept = Archiver(settings).run_once(conn, now=T0 + timedelta(seconds=660))
+    assert kept.keys == 0 and len(unique_keys(conn)) == 6  # passed, but within the retention
+    later = T0 + timedelta(seconds=661)
+    capped = Archiver(dataclasses.replace(settings, max_batches=2)).run_once(conn, now=later)
+    assert (capped.keys, capped.capped) == (4, True)
+    result = Archiver(settings).run_once(conn, now=later)
+    assert (result.keys, result.capped) == (1, False)
+    assert unique_keys(conn) == {"live": live}
+    # A deleted key makes a new job, as a key whose window had passed did; a live
+    # one still gives its job.
+    again = rota.enqueue(conn, "t", key="old-0", unique_for=60, now=later)
+    assert unique_keys(conn) == {"live": live, "old-0": again}
+    assert rota.enqueue(conn, "t", key="live", unique_for=7200, now=later) == live
+    assert count(conn, "unique_key = 'old-0'") == 2
+
+
+def test_a_schedules_key_stays_while_a_late_slot_may_still_be_judged_by_it(
+    conn: psycopg.Connection[Any],
+) -> None:
+    # Every 15 minutes, unique for 50 minutes: the 12:00 job holds the key until
+    # 12:50. A scheduler that stopped after 12:00 judges slot 12:45 by its slot
+    # time when it comes back at 12:55: inside the window, however late the clock.
+    spec = ScheduleSpec("s", "t", "*/15 * * * *", unique_for_seconds=3000)
+    schedule_id = schedule_store.upsert(conn, spec, now=T0 - timedelta(minutes=10))["id"]
+    assert Scheduler().run_once(conn, now=T0 + timedelta(seconds=1)).enqueued == 1
+    at = T0 + timedelta(minutes=55)
+    assert Archiver(NO_GRACE).run_once(conn, now=at).keys == 0  # 12:45 is still to judge
+    late = Scheduler().run_once(conn, now=at)
+    assert (late.enqueued, late.skipped) == (0, 1)
+    assert count(conn, f"schedule_id = {int(schedule_id)}") == 1
+    # Judged: every slot from now on is past the window, and the key may go.
+    assert Archiver(NO_GRACE).run_once(conn, now=at).keys == 1
+    assert Scheduler().run_once(conn, now=T0 + timedelta(hours=1, seconds=1)).enqueued == 1
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_an_enqueue_of_a_key_being_deleted_waits_and_makes_one_job(
+    db_url: str, outcome: str
+) -> None:
+    """The archiver deletes an expired key in a transaction still open; an enqueue
+    of the key meanwhile waits for it, then makes one job with a new window (the
+    key deleted, or taken over if the deletion rolled back)."""
+    later = T0 + timedelta(hours=2)
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        old = rota.enqueue(c, "t", key="k", unique_for=60, now=T0)
+    with psycopg.connect(db_url) as archiver, psycopg.connect(db_url) as other:
+        assert Archiver(NO_GRACE).run_once(archiver, now=later).keys == 1
+        made: list[int] = []
+        enqueuer = threading.Thread(
+            target=lambda: made.append(rota.enqueue(other, "t", key="k", unique_for=600, now=later))
+        )
+        enqueuer.start()
+        wait_for_lock_wait(db_url)
+        getattr(archiver, outcome)()
+        enqueuer.join(timeout=30)
+        other.commit()
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        assert made[0] != old and unique_keys(c) == {"k": made[0]}
+        assert count(c, "unique_key = 'k'") == 2
+        inside = rota.enqueue(c, "t", key="k", unique_for=600, now=later + timedelta(minutes=9))
+        assert inside == made[0]
+        assert Archiver(NO_GRACE).run_once(c, now=later + timedelta(minutes=9)).keys == 0
+
+
+def test_a_key_taken_over_while_the_archiver_runs_keeps_its_new_window(db_url: str) -> None:
+    """An enqueue takes an expired key over in a transaction still open; the
+    archiver meanwhile passes over the row (it never waits for an enqueue), and
+    the new window holds once the enqueue commits."""
+    later = T0 + timedelta(hours=2)
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        old = rota.enqueue(c, "t", key="k", unique_for=60, now=T0)
+        c.execute("SET statement_timeout = '20s'")  # a wait would fail, not hang
+        with psycopg.connect(db_url) as taker:
+            new = rota.enqueue(taker, "t", key="k", unique_for=600, now=later)
+            assert new != old
+            assert Archiver(NO_GRACE).run_once(c, now=later).keys == 0
+            taker.commit()
+        assert unique_keys(c) == {"k": new}
+        assert Archiver(NO_GRACE).run_once(c, now=later + timedelta(minutes=9)).keys == 0
+        assert (
+            rota.enqueue(c, "t", key="k", unique_for=600, now=later + timedelta(minutes=9)) == new
+        )
+        assert count(c, "unique_key = 'k'") == 2

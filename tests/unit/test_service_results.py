@@ -11,6 +11,9 @@ def test_each_result_reads_as_a_sentence() -> None:
     assert str(ArchiveResult(done=14, failed=2, batches=3, deleted=5)) == (
         "archived 14 done and 2 failed/dead jobs; deleted 5 archived jobs"
     )
+    assert str(ArchiveResult(done=1, batches=2, keys=7)) == (
+        "archived 1 done and 0 failed/dead jobs; deleted 0 archived jobs and 7 expired unique keys"
+    )
     assert str(ArchiveResult(done=1000, batches=100, capped=True)).endswith("; more waiting")
     assert str(ReapResult(requeued=[1, 2], dead=[3])) == (
         "3 expired lease(s): 2 job(s) ready again, 1 dead, 0 cancelled"

@@ -133,6 +133,7 @@ def test_schedules_page_shows_payloads_and_the_archivers_settings_in_words(clien
     assert "done jobs to <code>rota.job_archive</code> 1h after they finish" in page
     assert "failed, dead and cancelled ones after 30d" in page
     assert "archived rows are kept" in page
+    assert "Keys of <code>unique_for</code> are deleted 1h after their window has passed" in page
 
     spec = dataclasses.replace(spec, payload={"archive_retention_seconds": 90 * 86400})
     schedule_store.upsert(conn, spec)
