@@ -72,7 +72,7 @@ def _running(conn: psycopg.Connection[Any], worker: str, limit: int) -> list[tup
     """Claim `limit` jobs as `worker` with the worker's own claim; (id, attempts) of each."""
     rows = conn.execute(
         sql.query("claim_jobs"),
-        {"worker": worker, "limit": limit, "lease": 300, "types": None, "now": None},
+        {"worker": worker, "limit": limit, "lease": 300, "types": None, "now": None, "since": None},
     ).fetchall()
     conn.commit()
     return [(r[0], r[6]) for r in rows]  # id and attempts: columns 1 and 7 of rota.job
@@ -175,7 +175,14 @@ def plans(
             "lease": 30,
             "now": None,
         }
-        claim = {"worker": "bench:plans:2", "limit": 100, "lease": 30, "types": None, "now": None}
+        claim = {
+            "worker": "bench:plans:2",
+            "limit": 100,
+            "lease": 30,
+            "types": None,
+            "now": None,
+            "since": None,
+        }
         params = {"claim_jobs": claim, "extend_leases": heartbeat, "write_outcomes": finish}
         for name in HOT:
             entry: dict[str, Any] = {"generic_plan": _explain_generic(conn, name)}
@@ -286,7 +293,14 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
     halt = _halted_by_sigterm()
     worker = f"raw:{os.getpid()}"
     options = "-c plan_cache_mode=force_custom_plan" if custom else ""
-    claim_params = {"worker": worker, "limit": batch, "lease": 30, "types": None, "now": None}
+    claim_params = {
+        "worker": worker,
+        "limit": batch,
+        "lease": 30,
+        "types": None,
+        "now": None,
+        "since": None,
+    }
     claim_sql, finish_sql = sql.query("claim_jobs"), sql.query("write_outcomes")
     with psycopg.connect(dsn, options=options, autocommit=(mode == "serial")) as conn:
         held: list[tuple[int, int]] = []
@@ -321,7 +335,7 @@ def raw_listener(dsn: str, flushed: bool) -> None:
     options = "" if flushed else "-c synchronous_commit=off"
     worker = f"raw:{os.getpid()}"
     claim_sql = sql.query("claim_jobs")
-    params = {"worker": worker, "limit": 10, "lease": 30, "types": None, "now": None}
+    params = {"worker": worker, "limit": 10, "lease": 30, "types": None, "now": None, "since": None}
     with psycopg.connect(dsn, autocommit=True, options=options) as conn:
         conn.execute(sql.query("listen_jobs"))
         while not halt.is_set():

@@ -197,6 +197,22 @@ def test_a_fold_keeps_the_counts_appended_beside_it_and_beside_another_fold(conn
     assert _done_counts(conn) == (2, {"email": 2, "sms": 1})
 
 
+def test_a_02_workers_upsert_of_its_shard_still_counts_beside_appended_rows(conn):
+    # During an upgrade a 0.2 worker may still write outcomes after migration
+    # 0016: its statement upserts shard pid % 16 with ON CONFLICT (type, shard).
+    upsert = (
+        "INSERT INTO rota.job_done_count (type, shard, count) VALUES ('email', 3, 1)"
+        " ON CONFLICT (type, shard) DO UPDATE SET count = rota.job_done_count.count + 1"
+    )
+    add_job(conn, "email", "done")  # appended
+    conn.execute(upsert)
+    conn.execute(upsert)
+    assert _done_counts(conn) == (2, {"email": 3})
+    conn.execute("SELECT rota.fold_done_counts()")
+    conn.execute(upsert)
+    assert _done_counts(conn) == (2, {"email": 4})
+
+
 def test_the_minute_sample_folds_the_done_counts(conn):
     for job_type in ("email", "email", "sms"):
         add_job(conn, job_type, "done")

@@ -10,8 +10,13 @@
 -- costs the same however long a transaction is held; rota.fold_done_counts()
 -- folds them into one row per type, from the queue's minute sample. Readers
 -- sum the rows of a type, as they summed the shards.
-ALTER TABLE rota.job_done_count DROP CONSTRAINT job_done_count_pkey;
-ALTER TABLE rota.job_done_count ALTER COLUMN shard SET DEFAULT 0;
+--
+-- An appended row takes a shard of its own from a sequence (16 and up), so the
+-- primary key stays: a 0.2 worker still running during an upgrade upserts its
+-- shard 0-15 rows with ON CONFLICT (type, shard), which needs it.
+CREATE SEQUENCE rota.job_done_count_shard AS integer MINVALUE 16 CYCLE;
+ALTER TABLE rota.job_done_count
+    ALTER COLUMN shard SET DEFAULT nextval('rota.job_done_count_shard');
 
 CREATE OR REPLACE FUNCTION rota.job_done_count_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
