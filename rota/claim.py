@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, LiteralString, cast
 
-from psycopg import Cursor
+from psycopg import Cursor, pq
 from psycopg import sql as pgsql
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row, tuple_row
 
 from rota import sql
 from rota.db import Conn, errors_wrapped, fetch_all
@@ -167,9 +167,45 @@ def claim(
     """
     if limit < 1:
         return []
-    with errors_wrapped(), conn.cursor(row_factory=tuple_row, binary=True) as cur:
-        cur.execute(_claim_query(types), _claim_params(worker_id, limit, lease_seconds, now, since))
+    params = _claim_params(worker_id, limit, lease_seconds, now, since)
+    with errors_wrapped(), _keyed(conn, _claim_query(types), params, tuple_row, binary=True) as cur:
         return _jobs(cur)
+
+
+def _keyed(
+    conn: Conn, query: LiteralString, params: Any, row_factory: Any, *, binary: bool = False
+) -> Cursor[Any]:
+    """Run one hot statement so that its plan reaches rota.job through an index
+    (see `_KEYED`) and return its cursor, rows ready.
+
+    On an idle autocommit connection the setting, the statement and the commit
+    travel in one round trip (pipeline mode); inside a transaction of the
+    caller's, or on a connection that is not autocommit, the statement runs
+    under the caller's own settings and transaction. The cursor binds its
+    parameters on the server whatever the connection's own cursor class
+    (Django's is client-side); `binary` asks for the rows in binary.
+    """
+    cur = Cursor(conn, row_factory=row_factory)
+    if not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        cur.execute(query, params, binary=binary)
+        return cur
+    with conn.pipeline(), conn.transaction():
+        conn.execute(_KEYED)
+        cur.execute(query, params, binary=binary)
+    return cur
+
+
+_KEYED = b"SET LOCAL enable_seqscan = off"
+"""The hot statements reach their rows through an index whatever the statistics say.
+
+psycopg prepares a statement on its sixth run, and PostgreSQL may keep its
+generic plan until the table's statistics next change. Made while rota.job
+was small (a new queue, or one left nearly empty), that plan could read the
+whole table, cheapest at a hundred rows, and kept doing so as the table grew,
+until autovacuum's next ANALYZE (a claim went from 2 to 9 ms over 120,000
+rows; tests/integration/test_young_plans.py). `enable_seqscan = off` makes a
+sequential scan the last resort, never forbidden: a statement with no index to
+use still runs. SET LOCAL ends with the transaction."""
 
 
 def _claim_query(types: Sequence[str] | None) -> LiteralString:
@@ -255,8 +291,8 @@ def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
     # The hot statements return their rows in binary: the server sends each value
     # as stored instead of formatting it as text (timestamps above all), and
     # psycopg reads it without parsing.
+    rows = cur.fetchall()  # first: in pipeline mode the description comes with the rows
     names = [column.name for column in cur.description or ()]
-    rows = cur.fetchall()
     if names == _JOB_FIELDS:
         jobs = [_job(row) for row in rows]
     else:
@@ -290,6 +326,7 @@ def write_and_claim(
         return {}, []
     with errors_wrapped(), conn.pipeline(), conn.transaction():
         conn.execute(_GENERIC_PLANS)
+        conn.execute(_KEYED)
         written = None
         if attempts:
             written = conn.cursor(row_factory=tuple_row, binary=True)
@@ -328,17 +365,15 @@ def extend_leases(
     keys = sorted(held)  # rows are locked in id order (see _outcome_params)
     if not keys:
         return []
-    rows = fetch_all(
-        conn,
-        sql.query("extend_leases"),
-        {
-            "ids": [job_id for job_id, _ in keys],
-            "attempts": [attempts for _, attempts in keys],
-            "worker": worker_id,
-            "lease": lease_seconds,
-            "now": now,
-        },
-    )
+    params = {
+        "ids": [job_id for job_id, _ in keys],
+        "attempts": [attempts for _, attempts in keys],
+        "worker": worker_id,
+        "lease": lease_seconds,
+        "now": now,
+    }
+    with errors_wrapped(), _keyed(conn, sql.query("extend_leases"), params, dict_row) as cur:
+        rows = cur.fetchall()
     return [Lease(r["id"], r["attempts"], r["cancel_requested"]) for r in rows]
 
 
@@ -352,7 +387,9 @@ def write_outcomes(
     batch = list(attempts)
     if not batch:
         return {}
-    rows = fetch_all(conn, sql.query("write_outcomes"), _outcome_params(worker_id, batch, now))
+    params = _outcome_params(worker_id, batch, now)
+    with errors_wrapped(), _keyed(conn, sql.query("write_outcomes"), params, dict_row) as cur:
+        rows = cur.fetchall()
     return {(r["id"], r["attempts"]): Status(r["status"]) for r in rows}
 
 

@@ -37,13 +37,17 @@ inserted AS (
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, idempotency_key
 )
+-- A key held before the batch is looked up by a subquery, run only for a row
+-- that made no job: as a join, a plan made while the table was small hashed
+-- the whole table on every enqueue until the next ANALYZE.
 SELECT i.ord,
-       coalesce(mine.id, same_batch.id, existing.id) AS id,
+       coalesce(mine.id, same_batch.id,
+                (SELECT existing.id FROM rota.job AS existing
+                 WHERE i.key IS NOT NULL AND existing.idempotency_key = i.key)) AS id,
        mine.id IS NOT NULL AS created
 FROM input i
 LEFT JOIN inserted mine ON mine.id = i.new_id
 LEFT JOIN inserted same_batch ON i.key IS NOT NULL AND same_batch.idempotency_key = i.key
-LEFT JOIN rota.job existing ON i.key IS NOT NULL AND existing.idempotency_key = i.key
 ORDER BY i.ord
 
 -- name: enqueue_job
