@@ -1,6 +1,7 @@
 """rota.contrib.django.RotaBackend: Django 6 tasks enqueued as Rota jobs in
-Django's transaction, run by a Rota worker with Django set up, their results
-read through Django's API; and `rota worker --django` running the example
+Django's transaction, run by a Rota worker with Django set up (between the
+framework's task_started and task_finished signals), their results read
+through Django's API; and `rota worker --django` running the example
 project's task as users run it."""
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import pytest
 from django.db import connection, transaction
 from django.tasks import TaskResultStatus, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_finished, task_started
 from django.test import Client
 
 import rota
-from rota.contrib.django import rota_priority, setup_worker
+from rota.contrib.django import RotaBackend, rota_priority, setup_worker
 from rota_worker import Worker, WorkerSettings
 from tests.acceptance.procs import wait_for
 from tests.django_tasks.conftest import PROJECT
@@ -144,6 +146,102 @@ def _due_now(url: str) -> bool:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE rota.job SET run_at = now() WHERE status = 'ready'")
     return False
+
+
+@pytest.fixture
+def signals() -> Iterator[list[dict[str, Any]]]:
+    """What each task_started and task_finished carried, in the order they were
+    sent; a receiver that raises is connected to both before the recording ones."""
+    seen: list[dict[str, Any]] = []
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("a receiver's own bug")
+
+    def recorder(name: str) -> Any:
+        def record(sender: type, task_result: Any, **kwargs: Any) -> None:
+            successful = task_result.status == TaskResultStatus.SUCCESSFUL
+            seen.append({
+                "signal": name,
+                "sender": sender,
+                "id": task_result.id,
+                "task": task_result.task.module_path,
+                "status": task_result.status,
+                "attempts": task_result.attempts,
+                "errors": [e.exception_class_path for e in task_result.errors],
+                "return_value": task_result.return_value if successful else None,
+            })  # fmt: skip
+
+        return record
+
+    receivers = [
+        (task_started, broken),
+        (task_finished, broken),
+        (task_started, recorder("started")),
+        (task_finished, recorder("finished")),
+    ]
+    for sent_by, receiver in receivers:
+        sent_by.connect(receiver, weak=False)
+    yield seen
+    for sent_by, receiver in receivers:
+        sent_by.disconnect(receiver)
+
+
+def test_the_worker_sends_task_started_and_task_finished_around_a_task_that_succeeds(
+    shop: str, worker: Worker, signals: list[dict[str, Any]]
+) -> None:
+    from orders.models import Order
+    from orders.tasks import send_receipt
+
+    order = Order.objects.create(email="f@example.com", total_cents=2500)
+    result = send_receipt.enqueue(order.id)
+    wait_for(lambda: (result.refresh(), result.is_finished)[1], what="the task to run")
+    sent = {"sender": RotaBackend, "id": result.id, "task": "orders.tasks.send_receipt"}
+    receipt = {"to": "f@example.com", "total": 25.0}
+    assert signals == [
+        {**sent, "signal": "started", "status": TaskResultStatus.RUNNING, "attempts": 1,
+         "errors": [], "return_value": None},
+        {**sent, "signal": "finished", "status": TaskResultStatus.SUCCESSFUL, "attempts": 1,
+         "errors": [], "return_value": receipt},
+    ]  # fmt: skip
+    # The receiver that raised on both signals changed nothing for the task.
+    assert (result.status, result.errors, result.return_value) == (
+        TaskResultStatus.SUCCESSFUL, [], receipt,
+    )  # fmt: skip
+
+
+def test_task_finished_comes_once_a_task_is_final_not_after_an_attempt_that_is_retried(
+    shop: str, worker: Worker, signals: list[dict[str, Any]]
+) -> None:
+    from orders.tasks import refund, send_receipt
+
+    refunded = refund.enqueue(8)  # fails its first attempt, succeeds on the second
+    missing = send_receipt.enqueue(424242)  # fails all three (MAX_ATTEMPTS)
+    for result in (refunded, missing):
+        wait_for(
+            lambda r=result: (r.refresh(), r.is_finished)[1] or _due_now(shop),
+            what=f"task {result.id} to finish",
+        )
+
+    def sent(result: Any) -> list[tuple[str, TaskResultStatus, int, list[str]]]:
+        return [
+            (s["signal"], s["status"], s["attempts"], s["errors"])
+            for s in signals
+            if s["id"] == result.id
+        ]
+
+    running = TaskResultStatus.RUNNING
+    assert sent(refunded) == [
+        ("started", running, 1, []),
+        ("started", running, 2, []),
+        ("finished", TaskResultStatus.SUCCESSFUL, 2, []),
+    ]
+    assert sent(missing) == [
+        ("started", running, 1, []),
+        ("started", running, 2, []),
+        ("started", running, 3, []),
+        ("finished", TaskResultStatus.FAILED, 3, ["orders.models.Order.DoesNotExist"]),
+    ]
+    assert missing.status == TaskResultStatus.FAILED and len(missing.errors) == 3
 
 
 def test_the_example_projects_views_place_an_order_and_read_its_receipt(

@@ -15,6 +15,18 @@ bands of about 20 (Django's default 0 is Rota's 5); ``run_after`` is the job's
 ``DATABASE`` (the Django database alias to enqueue through, default
 ``default``) and ``MAX_ATTEMPTS`` (default: Rota's, 20, with backoff; 1 makes a
 task that raises FAILED at once, as Django's immediate backend does).
+
+Signals: ``task_enqueued`` as ``.enqueue()`` returns; from the worker's
+handler, ``task_started`` as each attempt starts (RUNNING) and
+``task_finished`` once, when the task's result is final: SUCCESSFUL, or FAILED
+by the attempt that ended it (``Permanent``, or the last of its attempts). An
+attempt that will be retried sends no ``task_finished``: its result is READY
+again, as ``get_result`` says, so a receiver that acts on a finished task (or
+alerts on FAILED) runs once per task, not once per attempt. An attempt stopped
+from outside (timeout, cancel, shutdown) sends none either: the worker decides
+its outcome without the task. Both go out before the worker writes the
+attempt's outcome, through ``send_robust``: a receiver that raises is logged by
+Django and never fails the task.
 """
 
 from __future__ import annotations
@@ -35,16 +47,17 @@ from django.tasks.base import (
     TaskResultStatus,
 )
 from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
+from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 
 import rota
-from rota import lookup
-from rota.errors import InvalidInput, JobNotFound, RotaError
+from rota import db, limits, lookup
+from rota.errors import InvalidInput, JobNotFound, Permanent, RotaError
 from rota.jobs import Job, Status
+from rota.retry import describe_error
 
 TYPE_PREFIX = "django:"
 
@@ -165,40 +178,105 @@ def _named(kind: type[BaseException]) -> type[Exception]:
 
 def run_task(job: Job) -> Any:
     """The handler of every Django queue: call the task with its arguments, with
-    Django's connections handled as around a request. A task's exception is
-    written with its class's full path (Rota's own, `Retry` and `Permanent`,
-    keep their meaning)."""
+    Django's connections handled as around a request, between the framework's
+    `task_started` and `task_finished` signals. A task's exception is written
+    with its class's full path (Rota's own, `Retry` and `Permanent`, keep their
+    meaning)."""
     try:
         return _run_task(job)
     except Exception as exc:
-        if isinstance(exc, RotaError) or type(exc).__module__ == "builtins":
+        written = _as_written(exc)
+        if written is exc:
             raise
-        raise _named(type(exc))(str(exc)).with_traceback(exc.__traceback__) from None
+        raise written from None
 
 
 def _run_task(job: Job) -> Any:
     close_old_connections()
     try:
-        payload = job.payload
-        task = import_string(payload["task"])
-        args, kwargs = payload["args"], payload["kwargs"]
-        if task.takes_context:
-            row = {
-                "status": Status.RUNNING,
-                "payload": payload,
-                "result": None,
-                "errors": None,
-                "attempts": job.attempts,
-                "locked_by": job.locked_by,
-                "created_at": job.created_at,
-                "started_at": job.started_at,
-                "finished_at": None,
-            }
-            context = TaskContext(task_result=task.get_backend()._result(str(job.id), row))
-            return normalize_json(task.call(context, *args, **kwargs))
-        return normalize_json(task.call(*args, **kwargs))
+        return _call_between_signals(job)
     finally:
         close_old_connections()
+
+
+def _call_between_signals(job: Job) -> Any:
+    payload = job.payload
+    task = import_string(payload["task"])
+    sender = type(task.get_backend())
+    result = _running(task, job)
+    task_started.send_robust(sender, task_result=result)
+    try:
+        context = (TaskContext(task_result=result),) if task.takes_context else ()
+        value = normalize_json(task.call(*context, *payload["args"], **payload["kwargs"]))
+        # A value Rota cannot keep fails the attempt: find out before saying SUCCESSFUL.
+        limits.encode_result(value)
+    except BaseException as exc:
+        written = _as_written(exc)
+        if _ends_task(job, written):  # sent while handling: Django logs it with exc_info
+            _finished(sender, result, TaskResultStatus.FAILED, error=describe_error(written))
+        raise
+    if not job.cancelled.is_set():
+        _finished(sender, result, TaskResultStatus.SUCCESSFUL, value=value)
+    return value
+
+
+def _running(task: Task, job: Job) -> TaskResult:
+    """The task's result as the attempt starts: the job as claimed, RUNNING."""
+    row = {
+        "status": Status.RUNNING,
+        "payload": job.payload,
+        "result": None,
+        "errors": None,
+        "attempts": job.attempts,
+        "locked_by": job.locked_by,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": None,
+    }
+    return task.get_backend()._result(str(job.id), row)
+
+
+def _as_written(exc: BaseException) -> BaseException:
+    """The exception as the worker writes it: a task's own under a stand-in named
+    with its class's full path; Rota's, Python's builtins and anything that is not
+    an `Exception` as they are."""
+    if not isinstance(exc, Exception) or isinstance(exc, RotaError):
+        return exc
+    if type(exc).__module__ == "builtins":
+        return exc
+    return _named(type(exc))(str(exc)).with_traceback(exc.__traceback__)
+
+
+def _ends_task(job: Job, error: BaseException) -> bool:
+    """Whether the worker writes this attempt's error as the task's end (failed,
+    or dead with no attempts left) rather than retrying it or giving it back."""
+    if job.cancelled.is_set():
+        return False  # stopped from outside (timeout, cancel, shutdown): decided there
+    if isinstance(error, Permanent):
+        return True
+    if db.is_unavailable(error):
+        return False  # given back to the queue: not an attempt
+    return job.attempts >= job.max_attempts
+
+
+def _finished(
+    sender: type[BaseTaskBackend],
+    result: TaskResult,
+    status: TaskResultStatus,
+    *,
+    value: Any = None,
+    error: str | None = None,
+) -> None:
+    """Move the attempt's result to its end and send `task_finished`; a receiver
+    that raises is logged by Django and changes nothing for the task."""
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
+    if error is None:
+        object.__setattr__(result, "_return_value", value)
+    else:
+        path = _exception_path(error)
+        result.errors.append(TaskError(exception_class_path=path, traceback=error))
+    task_finished.send_robust(sender, task_result=result)
 
 
 def setup_worker() -> tuple[list[str], str]:
