@@ -1,6 +1,8 @@
 """Enqueueing in an ORM's transaction: a SQLAlchemy Connection or Session (sync and
 async engines, psycopg driver). The job exists if and only if the caller's rows
-commit. Django's connection is tested under Django (tests/django)."""
+commit; an engine on a driver Rota cannot join (psycopg2, asyncpg) is refused,
+naming the fix, and writes nothing. Django's connection is tested under Django
+(tests/django_tasks)."""
 
 from __future__ import annotations
 
@@ -43,19 +45,22 @@ def committed(db_url: str) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture
-def engine(db_url: str) -> Iterator[Any]:
+def orders_table(db_url: str) -> str:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS orders (name text)")
-    made = create_engine(url(db_url))
+    return db_url
+
+
+@pytest.fixture
+def engine(orders_table: str) -> Iterator[Any]:
+    made = create_engine(url(orders_table))
     yield made
     made.dispose()
 
 
 @pytest_asyncio.fixture
-async def async_engine(db_url: str) -> AsyncIterator[Any]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS orders (name text)")
-    made = create_async_engine(url(db_url))
+async def async_engine(orders_table: str) -> AsyncIterator[Any]:
+    made = create_async_engine(url(orders_table))
     yield made
     await made.dispose()
 
@@ -136,3 +141,50 @@ async def test_connections_rota_cannot_join_are_refused_naming_what_to_use(
     with engine.connect() as conn, pytest.raises(InvalidInput, match="synchronous: use"):
         await rota.enqueue_async(conn, "t")  # type: ignore[arg-type]
     assert committed(db_url) == ([], [])
+
+
+NOT_PSYCOPG3 = (
+    "Rota joins the transactions of psycopg 3 connections only; this SQLAlchemy engine "
+    "uses {driver}: create the engine with a postgresql+psycopg:// URL (psycopg 3, sync "
+    "or async)"
+)
+
+
+def test_an_engine_on_psycopg2_is_refused_naming_psycopg_3_and_writes_nothing(
+    orders_table: str,
+) -> None:
+    psycopg2_engine = create_engine(url(orders_table, "psycopg2"))
+    try:
+        with Session(psycopg2_engine) as session:
+            session.execute(order("a"))
+            with pytest.raises(InvalidInput) as refused:
+                rota.enqueue(session, "ship", key="a")
+            session.commit()  # the caller's rows are theirs to commit
+        with psycopg2_engine.begin() as conn, pytest.raises(InvalidInput) as refused_many:
+            rota.enqueue_many(conn, [rota.NewJob("ship", key="b")])
+    finally:
+        psycopg2_engine.dispose()
+    assert str(refused.value) == NOT_PSYCOPG3.format(driver="psycopg2")
+    assert str(refused_many.value) == str(refused.value)
+    assert committed(orders_table) == (["a"], [])
+
+
+@pytest.mark.asyncio
+async def test_an_async_engine_on_asyncpg_is_refused_naming_psycopg_3_and_writes_nothing(
+    orders_table: str,
+) -> None:
+    asyncpg_engine = create_async_engine(url(orders_table, "asyncpg"))
+    try:
+        async with AsyncSession(asyncpg_engine) as session:
+            await session.execute(order("a"))
+            with pytest.raises(InvalidInput) as refused:
+                await rota.enqueue_async(session, "ship", key="a")
+            await session.commit()
+        async with asyncpg_engine.begin() as conn:
+            with pytest.raises(InvalidInput) as refused_many:
+                await rota.enqueue_many_async(conn, [rota.NewJob("ship", key="b")])
+    finally:
+        await asyncpg_engine.dispose()
+    assert str(refused.value) == NOT_PSYCOPG3.format(driver="asyncpg")
+    assert str(refused_many.value) == str(refused.value)
+    assert committed(orders_table) == (["a"], [])
