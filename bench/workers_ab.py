@@ -6,7 +6,9 @@ worker` flags. In every round each variant drains the same number of no-op
 jobs with 1 and 2 processes, the variants taking turns (each round starts with
 another), and the table gives the median of the rounds: jobs/s, server and
 worker CPU per 1,000 jobs. It measures what a change to the worker's own costs
-buys, against the worker without it, in one run.
+buys, against the worker without it, in one run. A variant's workers run from
+the checkout its interpreter imports Rota from, so another checkout's
+virtualenv measures that checkout's worker (a commit before a change).
 
     python -m bench.workers_ab --variant "3.11=.venv/bin/python" \\
         --variant "3.13=/path/to/venv313/bin/python" \\
@@ -23,6 +25,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from bench import measure, rota_bench
 from bench.server import Server
@@ -47,6 +50,25 @@ def _version(python: str) -> str:
     return done.stdout.strip()
 
 
+def _checkout(python: str) -> Path:
+    """The checkout whose Rota `python` imports (its workers run from there, with its
+    bench.handlers), or this one when that Rota is not a checkout."""
+    done = subprocess.run(
+        [
+            os.path.abspath(python) if os.sep in python else python,
+            "-c",
+            "import pathlib, rota; print(pathlib.Path(rota.__file__).parent.parent)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    root = Path(done.stdout.strip()).resolve()
+    return root if (root / "bench" / "handlers.py").is_file() else measure.ROOT
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.workers_ab",
@@ -69,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         label: {1: [], 2: []} for label, _, _ in args.variant
     }
     versions = {label: _version(python) for label, python, _ in args.variant}
+    checkouts = {label: _checkout(python) for label, python, _ in args.variant}
+    here = measure.ROOT
+    for label, checkout in checkouts.items():
+        print(f"... {label}: Python {versions[label]}, Rota from {checkout}", file=sys.stderr)
     with EmbeddedPostgres(durable=True) as pg:
         server = Server(pg.data, pg.url())
         try:
@@ -82,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
                         measure.PYTHON = python
+                        measure.ROOT = checkouts[label]
                         rota_bench.EXTRA_WORKER_ARGS[:] = flags
                         try:
                             drain = rota_bench.drain(
@@ -93,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         finally:
                             measure.PYTHON = sys.executable
+                            measure.ROOT = here
                             rota_bench.EXTRA_WORKER_ARGS[:] = []
                         results[label][processes].append(drain)
         finally:

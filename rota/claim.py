@@ -114,12 +114,18 @@ class Floor:
         """A claim sent at `generation` took `jobs`: their priorities start behind the
         last of them from now on. Jobs of limited types are claimed apart from
         the walk (rota.claim_limited) and move nothing."""
+        last: dict[int, datetime] = {}
         with self._lock:
+            limited = self._limited
             for job in jobs:
-                p = job.priority
-                if job.type in self._limited or generation < self._lowered[p]:
+                if job.type not in limited:
+                    p, run_at = job.priority, job.run_at
+                    if p not in last or run_at > last[p]:
+                        last[p] = run_at
+            for p, run_at in last.items():
+                if generation < self._lowered[p]:
                     continue
-                start = job.run_at - self.MARGIN
+                start = run_at - self.MARGIN
                 since = self._since[p]
                 if since is None or start > since:
                     self._since[p] = start

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +52,18 @@ def _on() -> bool:
     if not enabled():
         return False
     trace = _api[0]
+    # No provider set, and none named by the environment (OTEL_PYTHON_TRACER_PROVIDER,
+    # read when a provider is first asked for): the common case of a worker per
+    # job, decided without get_tracer_provider()'s look at os.environ. Where the
+    # attribute is gone in a later opentelemetry-api, the full look below decides.
+    if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_NAMED:
+        return False
     provider = trace.get_tracer_provider()
     return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+_UNKNOWN = object()
+_PROVIDER_NAMED = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 class Sent:
@@ -107,7 +118,7 @@ def consumer(job: Job) -> contextlib.AbstractContextManager[Any]:
     """The consumer span of one attempt of `job`, current while its handler runs;
     a child of the span that enqueued it (call `ended` with the attempt's outcome).
     None (and no cost) without OpenTelemetry or a tracer provider."""
-    if not _on():
+    if _api is False or not _on():  # called for every attempt: the first test is the cheap one
         return _NOT_TRACED
     return _consumer(job)
 
