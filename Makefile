@@ -28,6 +28,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1; } || \
 	  echo "note: prometheus not installed; the promtool and Prometheus tests will be skipped"
+	@# PgBouncer stands in front of the test server in the pooler tests; Debian's package.
+	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { [ "$$(id -u)" = 0 ] && \
+	  command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends pgbouncer) >/dev/null 2>&1; } || \
+	  echo "note: pgbouncer not installed; the pooler tests will be skipped"
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP) ## create .venv and install Rota with everything the tests need
