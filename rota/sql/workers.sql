@@ -64,8 +64,10 @@ ORDER BY w.started_at, w.id
 -- A session advisory lock (key 1383036001 = "Rota", hashtext(id)) held by the
 -- connection that keeps the worker's row: PostgreSQL lets go of it the moment
 -- that connection ends, so a killed worker stops counting as alive at once,
--- not when its row expires. Taken only when not held yet (locks stack).
-SELECT pg_advisory_lock(1383036001, hashtext(%(id)s))
+-- not when its row expires. Taken only when not held yet (locks stack), and
+-- never waited for: behind a pooler in transaction mode the refresh may reach
+-- another server connection than the one holding it, and would wait for ever.
+SELECT pg_try_advisory_lock(1383036001, hashtext(%(id)s))
 WHERE NOT EXISTS (
     SELECT 1 FROM pg_locks
     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 2
