@@ -55,8 +55,9 @@ class BackoffSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionSettings:
-    """Timeouts of the long-lived connections of Rota's own processes (workers and
-    their services); none of them applies to the connections handlers open."""
+    """How the long-lived connections of Rota's own processes (workers and their
+    services) are opened: their timeouts, and whether psycopg prepares statements
+    on them; none of this applies to the connections handlers open."""
 
     connect_timeout_seconds: int = 5
     """libpq's ``connect_timeout``: the longest a connection attempt waits for a
@@ -95,10 +96,19 @@ class ConnectionSettings:
     keepalives end that wait. A claim that waits for a NOTIFY gets the poll interval
     on top."""
 
+    prepared_statements: bool = True
+    """Let psycopg prepare a statement on its sixth run (its ``prepare_threshold``),
+    so that the server parses and plans it once per connection. False: never
+    prepare, for a pooler in transaction mode that does not keep track of prepared
+    statements (PgBouncer before 1.21, or later without ``max_prepared_statements``),
+    where the next transaction may reach a server connection without the
+    statement, or one holding another client's statement of the same name."""
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value is not None:  # only statement_timeout_seconds may be None
+            if field.name in _CONNECTION_RANGES and value is not None:
+                # only statement_timeout_seconds may be None
                 self.check(field.name, value, field.name)
 
     @staticmethod
@@ -110,13 +120,16 @@ class ConnectionSettings:
 
     def libpq(self, dsn: str, *, lock_timeout: bool = False) -> dict[str, Any]:
         """Connection keywords for `rota.db.connect`: the timeouts, with the server
-        settings added to the ``options`` the URL may already carry."""
+        settings added to the ``options`` the URL may already carry, and psycopg's
+        ``prepare_threshold`` (None: never prepare) without prepared statements."""
         options = [str(conninfo_to_dict(dsn).get("options") or "")]
         if self.statement_timeout_seconds is not None:
             options.append(f"-c statement_timeout={_ms(self.statement_timeout_seconds)}")
         if lock_timeout:
             options.append(f"-c lock_timeout={_ms(self.lock_timeout_seconds)}")
+        prepare = {} if self.prepared_statements else {"prepare_threshold": None}
         return {
+            **prepare,
             "connect_timeout": self.connect_timeout_seconds,
             "keepalives": 1,
             "keepalives_idle": self.keepalives_idle_seconds,

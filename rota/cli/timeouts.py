@@ -1,4 +1,4 @@
-"""The timeouts of a long-running command's own connections, as options.
+"""How a long-running command's own connections are opened, as options.
 
 `rota worker`, `rota reaper`, `rota scheduler` and `rota archive` take the
 fields of `rota.settings.ConnectionSettings` as options (``--statement-timeout
@@ -7,7 +7,8 @@ SECONDS``), each also read from an environment variable named after its field
 sets them once for every container. The option wins over the variable. Both
 are checked by `ConnectionSettings.check`, so a value libpq, the kernel or
 PostgreSQL would refuse at connection time is bad input before anything runs,
-said in one line that names the option or the variable.
+said in one line that names the option or the variable. Prepared statements
+are on unless ``--no-prepared-statements`` or ``ROTA_PREPARED_STATEMENTS=off``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ OPTIONS: tuple[tuple[str, str, type, str], ...] = (
 NONE = "statement_timeout_seconds"
 """The setting whose 0 means None: no statement timeout sent, the server's applies."""
 
+PREPARED = "prepared_statements"
+"""The setting of ``--no-prepared-statements``, and of ``ROTA_PREPARED_STATEMENTS``."""
+
+_SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
 
 def env_name(field: str) -> str:
     """The environment variable of a setting: ROTA_ and its field's name."""
@@ -97,6 +103,15 @@ def add_options(parser: argparse.ArgumentParser, *, heartbeat: bool = False) -> 
             metavar="N" if field == "keepalives_count" else "SECONDS",
             help=f"{text} (default: {env_name(field)} or {getattr(defaults, field):g})",
         )
+    parser.add_argument(
+        "--no-prepared-statements",
+        dest=PREPARED,
+        action="store_const",
+        const=False,
+        help="never let psycopg prepare statements: for a pooler in transaction mode that"
+        " does not track them, such as PgBouncer 1.18 (default: ROTA_PREPARED_STATEMENTS,"
+        " on or off; on when unset)",
+    )
 
 
 def settings(args: argparse.Namespace) -> ConnectionSettings:
@@ -108,7 +123,18 @@ def settings(args: argparse.Namespace) -> ConnectionSettings:
         value = option_or_env(getattr(args, field), env_name(field), _parser(field, kind))
         if value is not None:
             values[field] = None if field == NONE and value == 0 else value
+    if hasattr(args, PREPARED):
+        prepared = option_or_env(getattr(args, PREPARED), env_name(PREPARED), _switch)
+        if prepared is not None:
+            values[PREPARED] = prepared
     return ConnectionSettings(**values)
+
+
+def _switch(text: str) -> bool:
+    try:
+        return _SWITCH[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"on or off, not {text!r}") from None
 
 
 def option_or_env(value: Any, env: str, parse: Callable[[str], Any]) -> Any:

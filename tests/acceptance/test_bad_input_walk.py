@@ -288,6 +288,7 @@ def test_range_errors_name_their_option(
         ("reaper", "ROTA_KEEPALIVES_IDLE_SECONDS", "40000"),
         ("scheduler", "ROTA_ANSWER_TIMEOUT_SECONDS", "0"),
         ("archive", "ROTA_KEEPALIVES_COUNT", "2.5"),
+        ("reaper", "ROTA_PREPARED_STATEMENTS", "maybe"),
     ],
 )
 def test_a_bad_timeout_in_the_environment_names_its_variable(

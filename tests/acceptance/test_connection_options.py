@@ -1,6 +1,7 @@
-"""The timeouts of the long-running commands' own connections, given as options or
-environment variables (`rota.cli.timeouts`): what is given reaches the connection
-the command opens (asked back over it with SHOW, and from libpq), and a real
+"""The timeouts of the long-running commands' own connections, and whether psycopg
+prepares statements on them, given as options or environment variables
+(`rota.cli.timeouts`): what is given reaches the connection the command opens
+(asked back over it with SHOW, from libpq, and from psycopg), and a real
 process's statements end at the statement timeout or the answer deadline it was
 given. Bad values are one line and exit 2 (tests/acceptance/test_bad_input_walk.py)."""
 
@@ -33,6 +34,7 @@ OPTIONS = [
     "--tcp-user-timeout", "9.5",
     "--statement-timeout", "7",
     "--answer-timeout", "12",
+    "--no-prepared-statements",
 ]  # fmt: skip
 
 ENVIRONMENT = {
@@ -43,6 +45,7 @@ ENVIRONMENT = {
     "ROTA_TCP_USER_TIMEOUT_SECONDS": "9.5",
     "ROTA_STATEMENT_TIMEOUT_SECONDS": "7",
     "ROTA_ANSWER_TIMEOUT_SECONDS": "12",
+    "ROTA_PREPARED_STATEMENTS": "off",
 }
 
 GIVEN = {
@@ -54,14 +57,16 @@ GIVEN = {
     "keepalives_interval": "4",
     "keepalives_count": "6",
     "tcp_user_timeout": "9500",
+    "prepare_threshold": None,
 }
 
 
 def observed(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     """The timeouts a connection carries: the server's settings asked over it, and
-    libpq's connection parameters."""
+    libpq's connection parameters; and when psycopg prepares its statements."""
     params = conninfo_to_dict(conn.info.dsn)
     seen: dict[str, Any] = {key: params.get(key) for key in GIVEN if key in params}
+    seen["prepare_threshold"] = conn.prepare_threshold
     for setting in ("statement_timeout", "lock_timeout"):
         seen[setting] = conn.execute(f"SHOW {setting}").fetchone()[setting]  # type: ignore[index]
     return seen
@@ -124,6 +129,9 @@ def test_the_environment_gives_what_no_option_gives(
     # An option wins over its variable; 0 sends no statement timeout at all.
     assert rota_main(db_url, "reaper", "--once", "--statement-timeout", "0", env=ENVIRONMENT) == 0
     assert seen[-1] == {**GIVEN, "statement_timeout": "0", "answer": 12}
+    # Prepared statements are on unless turned off (psycopg's sixth run prepares).
+    assert rota_main(db_url, "reaper", "--once", env={"ROTA_PREPARED_STATEMENTS": "on"}) == 0
+    assert seen[-1]["prepare_threshold"] == 5
 
 
 def test_the_options_reach_the_connections_of_a_worker(
