@@ -80,7 +80,7 @@ class Execution:
     timeout_seconds: float | None = None
     state: State = State.WAITING
     stopped: Stop | None = None
-    task: asyncio.Task[Attempt] | None = None
+    task: asyncio.Task[None] | None = None
     """None until the attempt starts (a job claimed ahead waits for a slot)."""
     held_at: float = dataclasses.field(default_factory=time.monotonic)
     """When this worker took the job (monotonic clock)."""

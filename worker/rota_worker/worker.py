@@ -235,9 +235,12 @@ class Worker:
         handler = self.handlers.get(execution.job.type)
         execution.task = asyncio.create_task(self._execute(execution, handler))
 
-    async def _execute(self, execution: Execution, handler: Handler | None) -> Attempt:
+    async def _execute(self, execution: Execution, handler: Handler | None) -> None:
         # Started eagerly, this runs inside create_task, before `_begin` can assign
         # the task: the attempt's clock and its stop need it from the first step.
+        # It returns nothing: a task whose result were the attempt would close a
+        # cycle (task, attempt, its owner the record, the record's task) that only
+        # the garbage collector frees, a job at a time.
         execution.task = asyncio.current_task()
         backoff = self.settings.backoff
         try:
@@ -251,7 +254,6 @@ class Worker:
         execution.move(State.ENDED)
         self.outcomes.add(attempt)
         self.claims.attempt_ended(attempt)
-        return attempt
 
     def _settled(self, attempt: Attempt) -> None:
         """The outcome buffer is done with `attempt`: let go of its lease (the lease of
