@@ -53,9 +53,9 @@ def _on() -> bool:
         return False
     trace = _api[0]
     # No provider set, and none named by the environment (OTEL_PYTHON_TRACER_PROVIDER,
-    # read when a provider is first asked for): the common case of a worker per
-    # job, decided without get_tracer_provider()'s look at os.environ. Where the
-    # attribute is gone in a later opentelemetry-api, the full look below decides.
+    # read when a provider is first asked for): the common case, asked for every
+    # attempt, decided without get_tracer_provider()'s look at os.environ. Where
+    # the attribute is gone in a later opentelemetry-api, the full look decides.
     if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_NAMED:
         return False
     provider = trace.get_tracer_provider()

@@ -92,7 +92,7 @@ class Execution:
 
     def move(self, to: State) -> bool:
         """Move this attempt on in its life (see `rota_worker.attempts.move`)."""
-        if to in attempts.MOVES[self.state]:  # the legal move, without a call more a job
+        if to in attempts.MOVES[self.state]:  # the legal move, in this one call
             self.state = to
             return True
         return attempts.move(self, to)
