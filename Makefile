@@ -12,27 +12,28 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
+# $(call debian_tool,COMMAND,PACKAGE,APT OPTIONS,TESTS): install Debian's PACKAGE
+# unless COMMAND is found (on the PATH or in /usr/sbin, off a user's PATH), else
+# say which TESTS will be skipped. shellcheck checks the kind script, Chromium
+# runs the console's browser tests, Prometheus and promtool test the alerts and
+# the dashboard's queries, PgBouncer stands in front of the pooler tests' server.
+define debian_tool
+@command -v $(1) >/dev/null || [ -x /usr/sbin/$(1) ] || { [ "$$(id -u)" = 0 ] && \
+  command -v apt-get >/dev/null && \
+  (apt-get update -qq && apt-get install -y -qq $(3) $(2)) >/dev/null 2>&1; } || \
+  echo "note: $(2) not installed; $(4) will be skipped"
+endef
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[worker,operator,web,dev]'
-	@# shellcheck checks the kind script; Debian's package, installed when we may.
-	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  (apt-get update -qq && apt-get install -y -qq shellcheck) >/dev/null 2>&1; } || \
-	  echo "note: shellcheck not installed; its test will be skipped"
-	@# Chromium runs the console's browser tests; Debian's package, installed when we may.
-	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
-	  echo "note: chromium not installed; the browser tests will be skipped"
-	@# Prometheus and promtool test the alerts and the dashboard's queries; Debian's package.
-	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1; } || \
-	  echo "note: prometheus not installed; the promtool and Prometheus tests will be skipped"
-	@# PgBouncer stands in front of the test server in the pooler tests; Debian's package.
-	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { [ "$$(id -u)" = 0 ] && \
-	  command -v apt-get >/dev/null && \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends pgbouncer) >/dev/null 2>&1; } || \
-	  echo "note: pgbouncer not installed; the pooler tests will be skipped"
+	@# Debian's packages for the tests that drive real tools, installed when we may
+	@# (as root, with apt-get); without one, its tests are skipped.
+	$(call debian_tool,shellcheck,shellcheck,,its test)
+	$(call debian_tool,chromium,chromium,,the browser tests)
+	$(call debian_tool,promtool,prometheus,--no-install-recommends,the promtool and Prometheus tests)
+	$(call debian_tool,pgbouncer,pgbouncer,--no-install-recommends,the pooler tests)
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP) ## create .venv and install Rota with everything the tests need
