@@ -25,9 +25,13 @@ from rota.db import Conn, errors_wrapped, fetch_all
 from rota.jobs import Job, Outcome, Status, StopSignal
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Attempt:
-    """How one attempt of a job ended, as its worker saw it: what to write."""
+    """How one attempt of a job ended, as its worker saw it: what to write.
+
+    Never changed once built (`dataclasses.replace` makes another), yet not
+    frozen: a frozen dataclass sets each field through object.__setattr__, and
+    one Attempt is built per job (2.3 us against 0.6 here)."""
 
     job_id: int
     attempts: int
@@ -110,18 +114,18 @@ class Floor:
         with self._lock:
             return list(self._since), self._generation
 
-    def claimed(self, jobs: Iterable[Job], generation: int) -> None:
-        """A claim sent at `generation` took `jobs`: their priorities start behind the
-        last of them from now on. Jobs of limited types are claimed apart from
-        the walk (rota.claim_limited) and move nothing."""
-        last: dict[int, datetime] = {}
+    def claimed(self, jobs: Sequence[Job], generation: int) -> None:
+        """A claim sent at `generation` took `jobs`, in the order they start (as `claim`
+        returns them): their priorities start behind the last of them from now on.
+        Jobs of limited types are claimed apart from the walk (rota.claim_limited)
+        and move nothing."""
         with self._lock:
             limited = self._limited
-            for job in jobs:
-                if job.type not in limited:
-                    p, run_at = job.priority, job.run_at
-                    if p not in last or run_at > last[p]:
-                        last[p] = run_at
+            # In start order, the last job of a priority has its latest run_at.
+            if limited:
+                last = {job.priority: job.run_at for job in jobs if job.type not in limited}
+            else:
+                last = {job.priority: job.run_at for job in jobs}
             for p, run_at in last.items():
                 if generation < self._lowered[p]:
                     continue

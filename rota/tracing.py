@@ -49,7 +49,9 @@ def _on() -> bool:
     """True when spans would go somewhere: OpenTelemetry is installed and the
     application has set a tracer provider (until then Rota makes no span and
     stores no context, at the cost of this look)."""
-    if not enabled():
+    if _api is None:
+        enabled()  # looked for once
+    if _api is False:
         return False
     trace = _api[0]
     # No provider set, and none named by the environment (OTEL_PYTHON_TRACER_PROVIDER,

@@ -285,14 +285,14 @@ def test_the_steady_claim_runs_its_generic_plan_within_its_own_transaction(backl
     with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
         for _ in range(RUNS):
             _claimed(c)
-        left_alone = _prepared(c, "Select, lock and mark")
+        left_alone = _prepared(c, "WITH limited AS MATERIALIZED")
         assert left_alone["generic_plans"] == 0, left_alone
         pending: list[Attempt] = []
         for _ in range(RUNS):
             _, jobs = claims.write_and_claim(c, WORKER, pending, BATCH, 30.0, ["bench.noop"])
             assert len(jobs) == BATCH
             pending = [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs]
-        steady = _prepared(c, "Select, lock and mark")
+        steady = _prepared(c, "WITH limited AS MATERIALIZED")
         assert steady["custom_plans"] == left_alone["custom_plans"], steady
         assert steady["generic_plans"] >= 1, steady
         row = c.execute("SHOW plan_cache_mode").fetchone()

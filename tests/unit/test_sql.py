@@ -29,3 +29,26 @@ def test_migrations_are_numbered_once_each_in_order() -> None:
     numbers = [number for number, _, _ in sql.migrations()]
     assert numbers[0] == 1
     assert numbers == sorted(set(numbers))
+
+
+def test_statements_are_sent_without_their_comment_lines() -> None:
+    text = "-- why\nSELECT 1  -- kept: not a line of its own\n    -- indented\nFROM t\n-- last"
+    assert sql.without_comment_lines(text) == "SELECT 1  -- kept: not a line of its own\nFROM t"
+
+
+def test_the_hot_statements_stay_short_enough_for_psycopg_to_keep_them_parsed() -> None:
+    # psycopg parses a statement longer than this every time it is run (its
+    # cache keeps only shorter ones): the claim, with the comments that explain
+    # it, was 4,305 bytes, parsed again on each claim.
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    from rota import claim
+
+    types = ("bench.latency", "bench.noop", "rota.archive")
+    for text in (
+        claim._claim_statement(types),
+        sql.query("write_outcomes"),
+        sql.query("extend_leases"),
+    ):
+        assert "\n--" not in text
+        assert len(text) <= MAX_CACHED_STATEMENT_LENGTH

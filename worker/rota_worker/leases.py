@@ -14,7 +14,6 @@ and a late finish can never overlap a rerun.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Collection, Iterable
 
 from rota import claim as claims
@@ -31,19 +30,18 @@ class LeaseKeeper:
     def __init__(self, worker_id: str, lease_seconds: float) -> None:
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
-        self._held: dict[int, Execution] = {}
-        """By the record's identity. Changed on the event loop, read by the heartbeat
-        thread too (under the lock)."""
-        self._lock = threading.Lock()
+        self._held: dict[Execution, None] = {}
+        """The held records (an Execution hashes by identity). Changed on the event
+        loop only; the heartbeat thread reads a copy. Each change and each copy is
+        one call into the dict's C code, which another thread cannot interleave
+        with (the interpreter's lock is held throughout): no lock per job."""
 
     def hold(self, execution: Execution) -> None:
-        with self._lock:
-            self._held[id(execution)] = execution
+        self._held[execution] = None
 
     def drop(self, execution: Execution) -> None:
         """Let go of `execution`'s lease (its outcome is settled): this record only."""
-        with self._lock:
-            self._held.pop(id(execution), None)
+        self._held.pop(execution, None)
 
     def holds(self, key: Key) -> bool:
         """Whether some held attempt is (job id, attempt) `key`."""
@@ -51,8 +49,7 @@ class LeaseKeeper:
 
     def snapshot(self) -> list[Execution]:
         """The held attempts, now (safe from any thread)."""
-        with self._lock:
-            return list(self._held.values())
+        return list(self._held.copy())
 
     @property
     def held(self) -> list[Execution]:
@@ -97,7 +94,7 @@ class LeaseKeeper:
         too; `unknown` keys were not renewed this time, and are left alone."""
         kept = {(lease.job_id, lease.attempts): lease for lease in leases}
         for execution in executions:
-            if id(execution) not in self._held or execution.key in unknown:
+            if execution not in self._held or execution.key in unknown:
                 continue  # settled meanwhile, or not known this time
             lease = kept.get(execution.key)
             if lease is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from rota import claim as claims
 from rota.claim import Attempt
@@ -245,23 +246,20 @@ class OutcomeBuffer:
                 outcome,
                 attempt.duration_seconds,
             )
-        self._settle_one(attempt, _state_of(outcome))
+        self._settle_one(attempt, _STATE_OF.get(outcome, State.WRITTEN))
         return outcome
 
     def _settle_one(self, attempt: Attempt, state: State) -> None:
         """The attempt's outcome is accounted for: its record moves to `state`."""
-        if isinstance(attempt.owner, Execution):
-            attempt.owner.move(state)
+        owner = attempt.owner
+        if owner is not None:  # the worker's record (rota_worker.execute.Execution)
+            cast(Execution, owner).move(state)
         self.written += 1
         self._settled(attempt)
 
 
-def _state_of(outcome: Outcome) -> State:
-    if outcome is Outcome.LEASE_LOST:
-        return State.LOST
-    if outcome is Outcome.RELEASED:
-        return State.GIVEN_BACK
-    return State.WRITTEN
+_STATE_OF = {Outcome.LEASE_LOST: State.LOST, Outcome.RELEASED: State.GIVEN_BACK}
+"""Where an attempt's record ends, by its final outcome (any other: WRITTEN)."""
 
 
 def _count(batch: list[Attempt], outcomes: list[Outcome]) -> None:

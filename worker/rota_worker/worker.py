@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import generate_latest
 
@@ -116,6 +116,9 @@ class Worker:
             self.claims.floor, self.claims.jobs_notified.set,
         )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._eager = False
+        """The loop's tasks may take their first step inside create_task (it has a
+        task factory: the eager one, say)."""
         self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
 
     def _default_services(self) -> list[Service]:
@@ -149,6 +152,7 @@ class Worker:
 
     async def run_async(self, install_signals: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
+        self._eager = self._loop.get_task_factory() is not None
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stop_now)
@@ -241,7 +245,8 @@ class Worker:
         # It returns nothing: a task whose result were the attempt would close a
         # cycle (task, attempt, its owner the record, the record's task) that only
         # the garbage collector frees, a job at a time.
-        execution.task = asyncio.current_task()
+        if self._eager:
+            execution.task = asyncio.current_task()
         backoff = self.settings.backoff
         try:
             attempt = await run_attempt(execution, handler, self.context, self.runner, backoff)
@@ -258,8 +263,9 @@ class Worker:
     def _settled(self, attempt: Attempt) -> None:
         """The outcome buffer is done with `attempt`: let go of its lease (the lease of
         this record: a new attempt of the same job claimed meanwhile stays held)."""
-        if isinstance(attempt.owner, Execution):
-            self.leases.drop(attempt.owner)
+        owner = attempt.owner
+        if owner is not None:
+            self.leases.drop(cast(Execution, owner))
         self.claims.wake()
 
     async def _refresh_registry(self, link: Link) -> None:
