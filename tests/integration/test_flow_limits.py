@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -220,13 +221,17 @@ def test_groups_are_served_in_turn_across_claims(conn: psycopg.Connection[Any]) 
 # -- claims that interleave ---------------------------------------------------------------
 
 
+ONE_ROW = {"concurrency": 3, "rate": 10_000, "per": 1.0}
+"""A concurrency of 3 with a rate that never binds: claims take the path of one row."""
+
+
 def test_a_claim_waiting_for_another_counts_what_that_one_claimed(db_url: str) -> None:
     """Two connections claim one limited type: the second blocks on the limit's
     row while the first's transaction is open, and once that commits it sees
     the jobs the first claimed (its statement began before they were running)."""
     with psycopg.connect(db_url, autocommit=True) as setup:
         rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(10)])
-        rota.set_limit(setup, "payment", concurrency=3)
+        rota.set_limit(setup, "payment", **ONE_ROW)
     with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:
         assert len(claim(first, "w1", 2, 30)) == 2  # first's transaction stays open
         result: list[list[Job]] = []
@@ -243,7 +248,7 @@ def test_a_claim_waiting_for_another_counts_what_that_one_claimed(db_url: str) -
 def test_a_rolled_back_claim_leaves_its_slots_free(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as setup:
         rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(10)])
-        rota.set_limit(setup, "payment", concurrency=3)
+        rota.set_limit(setup, "payment", **ONE_ROW)
     with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:
         assert len(claim(first, "w1", 3, 30)) == 3
         result: list[list[Job]] = []
@@ -256,15 +261,77 @@ def test_a_rolled_back_claim_leaves_its_slots_free(db_url: str) -> None:
         assert len(result[0]) == 3
 
 
-def wait_for_lock_wait(db_url: str, seconds: float = 30.0) -> None:
-    """Until some session of this database waits for a lock (a deadline, not a sleep)."""
+def test_claims_of_a_concurrency_alone_run_side_by_side_and_stay_exact(db_url: str) -> None:
+    """A concurrency alone is held by slots: a second claim beside an open one
+    waits for nothing, and takes only what the first left of the limit."""
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(20)])
+        rota.set_limit(setup, "payment", concurrency=7)
+    with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:
+        taken = len(claim(first, "w1", 2, 30))  # first's transaction stays open
+        assert taken == 2
+        beside = claim(second, "w2", 20, 30)  # no thread: it must not wait
+        assert 1 <= len(beside) <= 7 - taken
+        first.commit()
+        second.commit()
+    with psycopg.connect(db_url) as third:
+        later = claim(third, "w3", 20, 30)
+        third.commit()
+    assert taken + len(beside) + len(later) == 7  # never one more, and none left out
+
+
+def test_a_slot_claim_rolled_back_leaves_its_slots_free(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(10)])
+        rota.set_limit(setup, "payment", concurrency=3)
+    with psycopg.connect(db_url) as first, psycopg.connect(db_url) as second:
+        assert len(claim(first, "w1", 3, 30)) == 3  # every slot with a share is held
+        assert claim(second, "w2", 10, 30) == []  # skipped, not waited for
+        second.commit()
+        first.rollback()
+        assert len(claim(second, "w2", 10, 30)) == 3
+        second.commit()
+
+
+def test_a_lowered_concurrency_counts_every_running_job_until_the_slots_fit(db_url: str) -> None:
+    """Lowered below what runs, a limit starts nothing until the running jobs
+    are under it, slots or not (the claim takes the path of one row meanwhile)."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(20)])
+        rota.set_limit(c, "payment", concurrency=8)
+        first = claim(c, "w1", 8, 30)
+        assert len(first) == 8
+        rota.set_limit(c, "payment", concurrency=2)
+        assert claim(c, "w2", 10, 30) == []
+        write_outcomes(c, "w1", [Attempt(j.id, j.attempts, Outcome.DONE) for j in first[:7]])
+        assert len(claim(c, "w2", 10, 30)) == 1  # 2 - the one still running
+        assert claim(c, "w2", 10, 30) == []
+
+
+def test_jobs_running_before_their_limit_count_against_it(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(20)])
+        assert len(claim(c, "w1", 5, 30)) == 5  # no limit yet: no slot
+        rota.set_limit(c, "payment", concurrency=6)
+        assert len(claim(c, "w2", 10, 30)) == 1
+
+
+def wait_for_lock_wait(
+    db_url: str, seconds: float = 30.0, unless: Callable[[], bool] | None = None
+) -> None:
+    """Until some session of this database waits for a lock, or `unless()` is true
+    (a deadline, not a sleep)."""
+    deadline = time.monotonic() + seconds
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
-        c.execute(f"SET statement_timeout = '{int(seconds * 1000)}ms'")
-        c.execute(
-            "DO $$ BEGIN WHILE NOT EXISTS (SELECT FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock')"
-            " LOOP PERFORM pg_sleep(0.01); END LOOP; END $$"
-        )
+        while True:
+            row = c.execute(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock') AS waits"
+            ).fetchone()
+            if (row is not None and row["waits"]) or (unless is not None and unless()):
+                return
+            assert time.monotonic() < deadline, "no session waited for a lock"
+            time.sleep(0.01)
 
 
 def test_an_outcome_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) -> None:
