@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
