@@ -224,14 +224,20 @@ class RunCounter:
         with self._lock:
             bounds = self.settings.duration_buckets
             finished, durations, attempts = self._finished, self._durations, self._attempts
+            # A batch is mostly one type: its label and duration series are
+            # looked up once per run of it, and the duration counted here.
+            last_type: str | None = None
+            label = ""
+            series = _Buckets(())
             for job_type, outcome, duration_seconds, tries in batch:
-                label = self._labels(job_type)
+                if job_type != last_type:
+                    last_type, label = job_type, self._labels(job_type)
+                    series = durations.get(label) or durations.setdefault(label, _Buckets(bounds))
                 key = (label, str(outcome))
                 finished[key] = finished.get(key, 0) + 1
-                series = durations.get(label)
-                if series is None:
-                    series = durations[label] = _Buckets(bounds)
-                series.add(bounds, max(0.0, duration_seconds))
+                value = max(0.0, duration_seconds)
+                series.counts[bisect.bisect_left(bounds, value)] += 1
+                series.total += value
                 if outcome in FINAL_OUTCOMES:
                     tried = attempts.get(label)
                     if tried is None:

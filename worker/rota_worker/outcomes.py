@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Any
 
 from rota import claim as claims
 from rota.claim import Attempt
@@ -27,7 +27,6 @@ from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Outcome, Status
 from rota.metrics import record_outcomes
 from rota_worker.attempts import State
-from rota_worker.execute import Execution
 from rota_worker.link import Backoff, Link
 
 log = logging.getLogger("rota.worker")
@@ -251,9 +250,9 @@ class OutcomeBuffer:
 
     def _settle_one(self, attempt: Attempt, state: State) -> None:
         """The attempt's outcome is accounted for: its record moves to `state`."""
-        owner = attempt.owner
-        if owner is not None:  # the worker's record (rota_worker.execute.Execution)
-            cast(Execution, owner).move(state)
+        owner: Any = attempt.owner  # the worker's record (an Execution), or None
+        if owner is not None:
+            owner.move(state)
         self.written += 1
         self._settled(attempt)
 

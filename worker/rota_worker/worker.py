@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -263,9 +263,9 @@ class Worker:
     def _settled(self, attempt: Attempt) -> None:
         """The outcome buffer is done with `attempt`: let go of its lease (the lease of
         this record: a new attempt of the same job claimed meanwhile stays held)."""
-        owner = attempt.owner
+        owner: Any = attempt.owner  # an Execution, or None
         if owner is not None:
-            self.leases.drop(cast(Execution, owner))
+            self.leases.drop(owner)
         self.claims.wake()
 
     async def _refresh_registry(self, link: Link) -> None:
