@@ -316,6 +316,22 @@ def test_jobs_running_before_their_limit_count_against_it(db_url: str) -> None:
         assert len(claim(c, "w2", 10, 30)) == 1
 
 
+def test_the_path_of_one_row_puts_each_job_in_a_slot_with_room(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(30)])
+        before = claim(c, "w1", 2, 30)  # no limit yet: no slot
+        rota.set_limit(c, "payment", concurrency=10)  # shares 3, 3, 2, 2
+        assert len(claim(c, "w2", 20, 30)) == 8  # on one row: 10 - 2
+        slots = c.execute(
+            "SELECT limit_slot, count(*) AS n FROM rota.job WHERE status = 'running'"
+            " GROUP BY limit_slot ORDER BY limit_slot"
+        ).fetchall()
+        assert {r["limit_slot"]: r["n"] for r in slots} == {0: 3, 1: 3, 2: 2, None: 2}
+        write_outcomes(c, "w1", [Attempt(j.id, j.attempts, Outcome.DONE) for j in before])
+        assert len(claim(c, "w3", 20, 30)) == 2  # on slots now: the two freed
+        assert claim(c, "w3", 20, 30) == []
+
+
 def wait_for_lock_wait(
     db_url: str, seconds: float = 30.0, unless: Callable[[], bool] | None = None
 ) -> None:

@@ -273,10 +273,12 @@ BEGIN
         labels := '{}';
         IF lim.concurrency IS NOT NULL THEN
             FOR s IN 0 .. rota.limit_slots() - 1 LOOP
+                EXIT WHEN cardinality(labels) >= cardinality(picked);
                 n := rota.limit_share(lim.concurrency, s)
                      - (SELECT count(*) FROM rota.job AS j
                         WHERE j.status = 'running' AND j.type = lim.type
                           AND j.limit_slot = s);
+                n := least(n, cardinality(picked) - cardinality(labels));
                 IF n > 0 THEN
                     labels := labels || array_fill(s::smallint, ARRAY[n]);
                 END IF;
