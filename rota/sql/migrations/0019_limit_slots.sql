@@ -2,13 +2,14 @@
 --
 -- Before, every claim of a limited type locked the type's row in
 -- rota.job_limit until it committed, so two workers' claims of one limited
--- type took turns (a non-binding limit cost a third of a two-process drain).
+-- type took turns (a two-process drain under a limit that never binds ran at
+-- 0.83 of the plain one).
 -- A limit that is only a concurrency (no group_concurrency, no rate) is now
--- split into SLOTS slots, each a row of rota.job_limit_slot holding a share
--- of it (the shares add up to the concurrency). A claim locks the slots it
--- finds free (SKIP LOCKED: it never waits for another claim), counts the
--- running jobs claimed under each (rota.job.limit_slot), and claims at most
--- the slot's share less those. Each slot's count is exact for the same reason
+-- split into four slots (rota.limit_slots()), each a row of
+-- rota.job_limit_slot holding a share of it (the shares add up to the
+-- concurrency). A claim locks the slots it finds free (SKIP LOCKED: it never
+-- waits for another claim), counts the running jobs claimed under each
+-- (rota.job.limit_slot), and claims at most the slot's share less those. Each slot's count is exact for the same reason
 -- the limit row's was (the lock is held until the claim commits, and the next
 -- holder counts afresh), and the shares add up to the limit, so the limit is
 -- exact however many claims run at once.
