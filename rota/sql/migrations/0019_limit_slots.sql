@@ -135,6 +135,26 @@ BEGIN
 END
 $$;
 
+-- Start the picked jobs of a limited type: running under `worker`'s lease,
+-- each in slot `one_slot`, or, when that is NULL, in the slot at its place in
+-- `labels` (NULL past its end). (Not `slot`: rota.job has a column of that
+-- name, a schedule's slot, which a parameter's name would not override.)
+CREATE FUNCTION rota.start_limited(
+    picked bigint[], one_slot integer, labels smallint[], worker text,
+    lease double precision, at timestamptz
+) RETURNS SETOF rota.job
+LANGUAGE sql AS $$
+    UPDATE rota.job AS j
+    SET status = 'running',
+        locked_by = worker,
+        locked_until = at + make_interval(secs => lease),
+        attempts = j.attempts + 1,
+        started_at = at,
+        limit_slot = coalesce(one_slot, labels[array_position(picked, j.id)])
+    WHERE j.id = ANY(picked)
+    RETURNING j.*
+$$;
+
 -- The claim of limited types, called from claim_jobs (rota/sql/queries.sql) in
 -- the same statement. A VOLATILE function sees a new snapshot for each
 -- statement: a count made after a lock is taken sees every claim committed
@@ -214,15 +234,7 @@ BEGIN
                     WHERE ls.type = lim.type AND ls.slot = s;
                 END IF;
                 RETURN QUERY
-                UPDATE rota.job AS j
-                SET status = 'running',
-                    locked_by = worker,
-                    locked_until = at + make_interval(secs => lease),
-                    attempts = j.attempts + 1,
-                    started_at = at,
-                    limit_slot = s
-                WHERE j.id = ANY(pick.picked)
-                RETURNING j.*;
+                SELECT * FROM rota.start_limited(pick.picked, s, NULL, worker, lease, at);
                 wanted := wanted - cardinality(pick.picked);
             END LOOP;
             CONTINUE;
@@ -286,15 +298,7 @@ BEGIN
             END LOOP;
         END IF;
         RETURN QUERY
-        UPDATE rota.job AS j
-        SET status = 'running',
-            locked_by = worker,
-            locked_until = at + make_interval(secs => lease),
-            attempts = j.attempts + 1,
-            started_at = at,
-            limit_slot = labels[array_position(picked, j.id)]
-        WHERE j.id = ANY(picked)
-        RETURNING j.*;
+        SELECT * FROM rota.start_limited(picked, NULL, labels, worker, lease, at);
         wanted := wanted - cardinality(picked);
     END LOOP;
 END
