@@ -122,10 +122,7 @@ class Floor:
         with self._lock:
             limited = self._limited
             # In start order, the last job of a priority has its latest run_at.
-            if limited:
-                last = {job.priority: job.run_at for job in jobs if job.type not in limited}
-            else:
-                last = {job.priority: job.run_at for job in jobs}
+            last = {job.priority: job.run_at for job in jobs if job.type not in limited}
             for p, run_at in last.items():
                 if generation < self._lowered[p]:
                     continue

@@ -225,7 +225,7 @@ class RunCounter:
             bounds = self.settings.duration_buckets
             finished, durations, attempts = self._finished, self._durations, self._attempts
             # A batch is mostly one type: its label and duration series are
-            # looked up once per run of it, and the duration counted here.
+            # looked up once per run of it.
             last_type: str | None = None
             label = ""
             series = _Buckets(())
@@ -235,9 +235,7 @@ class RunCounter:
                     series = durations.get(label) or durations.setdefault(label, _Buckets(bounds))
                 key = (label, str(outcome))
                 finished[key] = finished.get(key, 0) + 1
-                value = max(0.0, duration_seconds)
-                series.counts[bisect.bisect_left(bounds, value)] += 1
-                series.total += value
+                series.add(bounds, max(0.0, duration_seconds))
                 if outcome in FINAL_OUTCOMES:
                     tried = attempts.get(label)
                     if tried is None:
