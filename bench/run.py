@@ -155,27 +155,27 @@ def measure(
         shift = round_ % len(rotating)
         for queue in rotating[shift:] + rotating[:shift]:
             for processes in (1, 2):
-                say(f"round {round_ + 1}: {queue} drain with {processes} process(es)")
-                add(
-                    queue, f"drain{processes}", _drain(queue, new_database, plan, processes, server)
-                )
-                if queue == "rota":
-                    say(
-                        f"round {round_ + 1}: rota drain with {processes} process(es)"
-                        f" under a concurrency limit of {NON_BINDING_LIMIT:,}"
-                    )
-                    add(
-                        "rota",
-                        f"drain{processes}_limited",
-                        rota_bench.drain(
+                # Rota's drain under a limit and without one take turns at going
+                # first, so that neither always runs in what the other left.
+                variants = ["", "_limited"] if queue == "rota" else [""]
+                for variant in variants[:: 1 if round_ % 2 == 0 else -1]:
+                    if variant:
+                        say(
+                            f"round {round_ + 1}: rota drain with {processes} process(es)"
+                            f" under a concurrency limit of {NON_BINDING_LIMIT:,}"
+                        )
+                        drained = rota_bench.drain(
                             new_database,
                             plan.jobs,
                             processes,
                             plan.concurrency,
                             server,
                             limit=NON_BINDING_LIMIT,
-                        ),
-                    )
+                        )
+                    else:
+                        say(f"round {round_ + 1}: {queue} drain with {processes} process(es)")
+                        drained = _drain(queue, new_database, plan, processes, server)
+                    add(queue, f"drain{processes}{variant}", drained)
             say(f"round {round_ + 1}: {queue} enqueue-to-start latency")
             add(queue, "latency", tidied(_latency, queue, new_database, plan))
             if queue == "rota":

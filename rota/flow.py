@@ -14,6 +14,8 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
+from psycopg.pq import TransactionStatus
+
 from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput
@@ -92,6 +94,11 @@ def set_limit(
         )
     with connection(conn_or_dsn) as conn:
         fetch_all(conn, sql.query("limit_set"), params)
+        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            # Committed: settle the limit now, so that the next claims take its
+            # slots (inside a caller's transaction the first claims after it
+            # commits settle it).
+            fetch_all(conn, sql.query("limit_settle"), {"type": params["type"]})
 
 
 def clear_limit(conn_or_dsn: ConnOrDsn, type: str) -> bool:

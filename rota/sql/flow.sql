@@ -23,6 +23,11 @@ woken AS (
 )
 SELECT type FROM saved LEFT JOIN woken ON true
 
+-- name: limit_settle
+-- A limit just committed, settled when it can be (rota.settle_limit,
+-- migration 0020): the claims after it then take its slots.
+SELECT rota.settle_limit(%(type)s) AS settled
+
 -- name: limit_clear
 WITH cleared AS (
     DELETE FROM rota.job_limit WHERE type = %(type)s RETURNING type

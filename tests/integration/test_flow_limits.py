@@ -3,6 +3,7 @@ concurrency, rates, fairness across groups, and claims that interleave."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -316,6 +317,45 @@ def test_jobs_running_before_their_limit_count_against_it(db_url: str) -> None:
         assert len(claim(c, "w2", 10, 30)) == 1
 
 
+def settled(conn: psycopg.Connection[Any], job_type: str) -> bool:
+    row = conn.execute(
+        "SELECT slots_settled FROM rota.job_limit WHERE type = %s", (job_type,)
+    ).fetchone()
+    assert row is not None
+    return bool(row["slots_settled"])
+
+
+def test_a_limit_set_on_an_idle_queue_takes_its_slots_at_once(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.set_limit(c, "payment", concurrency=4)
+        assert settled(c, "payment")
+        rota.set_limit(c, "payment", concurrency=4, rate=10, per=1.0)
+        assert not settled(c, "payment")  # a rate: the path of one row
+
+
+def test_a_limit_waits_for_the_claims_that_did_not_see_it_before_it_takes_its_slots(
+    db_url: str,
+) -> None:
+    """A claim in flight when the limit is committed starts jobs without a slot;
+    the limit is settled on its slots only once that claim has ended and its
+    jobs are counted (the claims meanwhile count every running job)."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(20)])
+        with psycopg.connect(db_url) as early:
+            unseen = claim(early, "w0", 2, 30)  # no limit in its snapshot
+            assert len(unseen) == 2
+            rota.set_limit(c, "payment", concurrency=4)
+            assert not settled(c, "payment")  # that claim is still in flight
+            early.commit()
+        assert len(claim(c, "w1", 10, 30)) == 2  # 4 - the two claimed unseen
+        assert not settled(c, "payment")  # they run without a slot
+        finish(c, unseen, "w0")
+        assert len(claim(c, "w1", 10, 30)) == 2  # their room, counted on one row
+        assert settled(c, "payment")
+        assert claim(c, "w1", 10, 30) == []  # on its slots: still 4 at most
+        assert running(c, "payment") == 4
+
+
 def test_the_path_of_one_row_puts_each_job_in_a_slot_with_room(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
         rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(30)])
@@ -416,3 +456,46 @@ def _done(conn: psycopg.Connection[Any], job_type: str) -> int:
         "SELECT count(*) AS n FROM rota.job WHERE status = 'done' AND type = %s", (job_type,)
     ).fetchone()
     return int(found["n"])  # type: ignore[index]
+
+
+# -- what a limited claim reads ------------------------------------------------------------
+
+
+ONE_ROW_HIGH = {"concurrency": 1_000, "rate": 10_000, "per": 0.001}
+"""A concurrency that does not bind, on the path of one row (a rate that never binds)."""
+
+
+def _claim_buffers(db_url: str, job_type: str, n: int) -> int:
+    """The shared buffers a claim of `n` jobs of `job_type` reads (EXPLAIN ANALYZE,
+    the functions it calls included), the claim rolled back."""
+    from rota import claim as claims
+
+    params = claims._claim_params("w-read", n, 30.0, None, None)
+    with psycopg.connect(db_url) as c:
+        (doc,) = c.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claims._claim_query([job_type]),  # type: ignore[operator]
+            params,
+        ).fetchone()  # type: ignore[misc]
+        c.rollback()
+    plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+@pytest.mark.parametrize("limits", [{"concurrency": 1_000}, ONE_ROW_HIGH])
+def test_a_limited_claim_reads_no_more_after_many_jobs_ran(
+    db_url: str, limits: dict[str, Any]
+) -> None:
+    """A limited claim counts the type's running jobs; the versions that the
+    jobs run since the last vacuum left behind are not read again by every claim
+    (statistics taken before any ran, as after a large enqueue)."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        add_ready(c, "export", 10, 1_100)
+        c.execute("VACUUM ANALYZE rota.job")
+        rota.set_limit(c, "export", **limits)
+        held = claim(c, "w1", 40, 30)
+        first = _claim_buffers(db_url, "export", 20)
+        for _ in range(100):
+            finish(c, claim(c, "w2", 100, 30), "w2")
+        later = _claim_buffers(db_url, "export", 20)
+        assert len(held) == 40
+    assert later < first + 50, (first, later)
