@@ -117,7 +117,7 @@ class Floor:
     def claimed(self, jobs: Sequence[Job], generation: int) -> None:
         """A claim sent at `generation` took `jobs`, in the order they start (as `claim`
         returns them): their priorities start behind the last of them from now on.
-        Jobs of limited types are claimed apart from the walk (rota.claim_limited)
+        Jobs of limited types are picked apart from the walk (rota.pick_limited)
         and move nothing."""
         with self._lock:
             limited = self._limited

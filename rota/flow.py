@@ -2,7 +2,7 @@
 concurrency and a rate of starts.
 
 Limits live in the database (rota.job_limit) and the claim reads them in the
-statement that claims (rota.claim_limited, migration 0013), so a limit holds
+statement that claims (rota.pick_limited, migrations 0013-0021), so a limit holds
 however many workers claim, and survives restarts of every process. A job held
 back by a limit stays ready with its attempts untouched and starts as soon as
 the limit allows: the outcome that frees a slot wakes idle workers.

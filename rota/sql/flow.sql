@@ -1,5 +1,5 @@
 -- Limits per job type (rota.job_limit, migration 0013): set, cleared, and
--- what they hold back. The claim reads them in rota.claim_limited.
+-- what they hold back. The claim reads them in rota.pick_limited.
 
 -- name: limit_set
 -- Set a type's limits, replacing any it had; the starts counted for a rate

@@ -129,18 +129,17 @@ SELECT idempotency_key, id FROM rota.job WHERE idempotency_key = ANY(%(keys)s::t
 -- narrow range (its bound is unknown when planned) and prefers sorting a bitmap
 -- scan of the type index over the ordered walk (28,000 rows for a claim of
 -- 100 in tests/integration/test_control.py).
--- Types with a limit (rota.job_limit) are claimed first, by
--- rota.claim_limited (migration 0013), which holds each limit exact across
--- workers; the walk below skips them, and when no limit applies to the types
+-- Jobs of types with a limit (rota.job_limit) are picked first, by
+-- rota.pick_limited (migrations 0013, 0020, 0021), which holds each limit
+-- exact across workers and returns each job with the slot it starts in; the
+-- walk below skips those types, and when no limit applies to the types
 -- claimed the function is not called at all: unlimited types pay one look at
--- the small limits table.
+-- the small limits table. One UPDATE starts every job picked, and its
+-- RETURNING is the statement's result.
 WITH limited AS MATERIALIZED (
-    SELECT l.id, l.type, l.payload, l.idempotency_key, l.status, l.run_at, l.attempts,
-           l.max_attempts, l.locked_by, l.locked_until, l.last_error, l.created_at,
-           l.started_at, l.finished_at, l.schedule_id, l.slot, l.priority, l.timeout_seconds,
-           l.cancel_requested_at, l.releases, l.trace_context, l.group_key
-    FROM rota.claim_limited(coalesce(%(now)s::timestamptz, now()), %(types)s::text[],
-                            %(limit)s, %(worker)s, %(lease)s) AS l
+    SELECT l.id, l.limit_slot
+    FROM rota.pick_limited(coalesce(%(now)s::timestamptz, now()), %(types)s::text[], %(limit)s)
+         AS l
     WHERE EXISTS (SELECT FROM rota.job_limit
                   WHERE %(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
 ),
@@ -163,29 +162,27 @@ picked AS (
     ) AS c
     WHERE NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
     LIMIT %(limit)s - (SELECT count(*) FROM limited)
-),
+)
 -- The picked rows are reached by primary key from an array, never joined: a
 -- join may be planned as a hash join over a sequential scan of the whole table
 -- (a generic plan that cannot see the limit, or a custom one for a large batch
 -- on a table of some ten thousand rows), which costs every claim the table.
-claimed AS (
 UPDATE rota.job AS j
 SET status = 'running',
     locked_by = %(worker)s,
     locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s),
     attempts = j.attempts + 1,
-    started_at = coalesce(%(now)s::timestamptz, now())
-WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    started_at = coalesce(%(now)s::timestamptz, now()),
+    -- Both arrays read the materialized rows in the order they were stored.
+    limit_slot = (ARRAY(SELECT l.limit_slot FROM limited AS l))
+                 [array_position(ARRAY(SELECT l.id FROM limited AS l), j.id)]
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked) || ARRAY(SELECT id FROM limited))
 -- The columns of a Job, in its order, so that the worker builds each one
 -- positionally.
 RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,
           j.max_attempts, j.locked_by, j.locked_until, j.last_error, j.created_at,
           j.started_at, j.finished_at, j.schedule_id, j.slot, j.priority, j.timeout_seconds,
           j.cancel_requested_at, j.releases, j.trace_context, j.group_key
-)
-SELECT * FROM limited
-UNION ALL
-SELECT * FROM claimed
 
 -- name: claim_floor
 -- The first ready job of each priority that the claim would take (NULL where
@@ -282,7 +279,7 @@ WITH written AS (
       AND j.status IS NOT DISTINCT FROM 'running'
       AND j.locked_by = %(worker)s
       AND j.attempts = f.attempts
-    RETURNING j.id, f.attempts, j.status, j.type
+    RETURNING j.id, f.attempts, j.status, j.type, j.limit_slot
 ),
 counted AS (
     INSERT INTO rota.job_done_count (type, count)
@@ -291,11 +288,18 @@ counted AS (
     WHERE status = 'done'
     GROUP BY type
 ),
--- A slot of a limited type came free: idle workers wake to claim the jobs the
--- limit held back (one notification per transaction, folded by PostgreSQL).
+-- A slot of a limit that held a claim back came free: idle workers wake to
+-- claim the jobs it held back (one notification per transaction, folded by
+-- PostgreSQL). A limit that held nothing back wakes nobody: a commit that
+-- notifies takes a lock of the whole cluster (migration 0021).
 woken AS (
     SELECT pg_notify('rota_jobs', '')
-    WHERE EXISTS (SELECT FROM written JOIN rota.job_limit AS l ON l.type = written.type)
+    WHERE EXISTS (
+        SELECT FROM written JOIN rota.job_limit AS l ON l.type = written.type
+        WHERE l.held_back
+           OR EXISTS (SELECT FROM rota.job_limit_slot AS ls
+                      WHERE ls.type = written.type AND ls.slot = written.limit_slot
+                        AND ls.held_back))
 )
 SELECT id, attempts, status FROM written LEFT JOIN woken ON true
 

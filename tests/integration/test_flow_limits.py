@@ -407,6 +407,26 @@ def test_an_outcome_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) ->
         assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
 
 
+def test_an_outcome_under_a_limit_that_held_nothing_back_wakes_nobody(db_url: str) -> None:
+    """A commit that notifies takes a lock of the whole cluster: outcomes under a
+    limit that gave every claim all it asked for send nothing, until a claim is
+    held back."""
+    with (
+        psycopg.connect(db_url, autocommit=True) as c,
+        psycopg.connect(db_url, autocommit=True) as listener,
+    ):
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(10)])
+        rota.set_limit(c, "payment", concurrency=4)  # shares 1, 1, 1, 1
+        listener.execute("LISTEN rota_jobs")
+        first = claim(c, "w", 1, 30)  # all it asked for
+        finish(c, first)
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+        held = claim(c, "w", 10, 30)  # four of ten: held back
+        assert len(held) == 4
+        finish(c, held[:1])
+        assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
+
+
 def _expire(conn: psycopg.Connection[Any], job_id: int) -> None:
     conn.execute(
         "UPDATE rota.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,)

@@ -78,7 +78,7 @@ def test_a_limited_claim_reads_a_bounded_part_of_a_million_jobs(
 
 
 def test_the_group_walk_statements_never_sort(big_backlog: str) -> None:
-    """The statements inside rota.claim_limited, planned generic as PL/pgSQL runs them."""
+    """The statements inside rota.pick_limited, planned generic as PL/pgSQL runs them."""
     statements = {
         "next group": "SELECT j.group_key FROM rota.job AS j"
         " WHERE j.status = 'ready' AND j.type = $1 AND j.group_key > $2"

@@ -194,17 +194,25 @@ def test_the_generic_claim_on_a_backlog_marks_its_rows_by_primary_key(backlog: s
 # -- the worker's claim, its types written in ------------------------------------
 
 
-def _executed(conn: psycopg.Connection[Any], text: str, values: str) -> dict[str, Any]:
-    """The generic plan a prepared `text` runs (once, rolled back)."""
+def _executed(conn: psycopg.Connection[Any], text: str, values: dict[str, str]) -> dict[str, Any]:
+    """The generic plan a prepared `text` runs (once, rolled back), each
+    parameter given as SQL by its name."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
+    given = ", ".join(values[name] for name in names)
     with conn.transaction(force_rollback=True), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute("PREPARE mine AS " + _numbered(text))
-        row = cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mine({values})").fetchone()
+        row = cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mine({given})").fetchone()
         assert row is not None
         kinds = cur.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'mine'"
         ).fetchone()
         assert kinds == (1, 0)
     return _explained(row[0])
+
+
+def _claim_values(limit: int, since: str = "NULL") -> dict[str, str]:
+    return {"now": "NULL", "limit": str(limit), "worker": f"'{WORKER}'", "lease": "30",
+            "since": since}  # fmt: skip
 
 
 def _removed(plan: dict[str, Any]) -> int:
@@ -227,7 +235,7 @@ def test_a_workers_generic_claim_never_walks_the_ready_jobs_of_other_types(mixed
     with psycopg.connect(mixed, autocommit=True) as c:
         c.execute("SET plan_cache_mode = force_generic_plan")
         text = claims._claim_query(["mine"])
-        run = _executed(c, text, f"NULL, {BATCH}, '{WORKER}', 30, NULL")
+        run = _executed(c, text, _claim_values(BATCH))
         assert run["Plan"]["Actual Rows"] == BATCH
         assert _removed(run["Plan"]) < 1_000, json.dumps(run["Plan"])
         _assert_keyed(run["Plan"])
@@ -236,7 +244,7 @@ def test_a_workers_generic_claim_never_walks_the_ready_jobs_of_other_types(mixed
 def test_a_workers_generic_claim_on_its_own_backlog_walks_the_claim_index(backlog: str) -> None:
     with psycopg.connect(backlog, autocommit=True) as c:
         c.execute("SET plan_cache_mode = force_generic_plan")
-        run = _executed(c, claims._claim_query(["bench.noop"]), f"NULL, 500, '{WORKER}', 30, NULL")
+        run = _executed(c, claims._claim_query(["bench.noop"]), _claim_values(500))
         assert run["Plan"]["Actual Rows"] == 500
         _assert_keyed(run["Plan"])
         assert "job_claim_idx" in json.dumps(run["Plan"])
@@ -309,7 +317,7 @@ def test_a_workers_generic_claim_from_its_start_walks_the_claim_index(backlog: s
     with psycopg.connect(backlog, autocommit=True) as c:
         c.execute("SET plan_cache_mode = force_generic_plan")
         text = claims._claim_query(["bench.noop"])
-        run = _executed(c, text, f"NULL, 500, '{WORKER}', 30, {_SINCE}")
+        run = _executed(c, text, _claim_values(500, _SINCE))
         assert run["Plan"]["Actual Rows"] == 500
         _assert_keyed(run["Plan"])
         nodes = list(_nodes(run["Plan"]))
@@ -320,9 +328,7 @@ def test_a_workers_generic_claim_from_its_start_walks_the_claim_index(backlog: s
 def test_a_workers_generic_claim_from_its_start_never_walks_other_types(mixed: str) -> None:
     with psycopg.connect(mixed, autocommit=True) as c:
         c.execute("SET plan_cache_mode = force_generic_plan")
-        run = _executed(
-            c, claims._claim_query(["mine"]), f"NULL, {BATCH}, '{WORKER}', 30, {_SINCE}"
-        )
+        run = _executed(c, claims._claim_query(["mine"]), _claim_values(BATCH, _SINCE))
         assert run["Plan"]["Actual Rows"] == BATCH
         assert _removed(run["Plan"]) < 1_000, json.dumps(run["Plan"])
         _assert_keyed(run["Plan"])

@@ -1,0 +1,200 @@
+-- The limited claim picks, the claim starts: one UPDATE for every job a claim
+-- takes.
+--
+-- Before, rota.claim_limited marked the jobs of limited types running itself
+-- (rota.start_limited), returned whole rows through two tuple stores, and the
+-- claim appended them to the rows its own UPDATE returned (UNION ALL over a
+-- materialized data-modifying CTE): the jobs of limited types were written by
+-- one UPDATE and the others by another, and every claimed row was copied
+-- twice more before it was sent. rota.pick_limited does what claim_limited did
+-- up to the UPDATE (locks the slots or the limit row, counts, picks and locks
+-- the jobs) and returns each picked job with its slot; the claim statement
+-- (claim_jobs, rota/sql/queries.sql) starts them beside the jobs of its walk,
+-- in one UPDATE whose RETURNING is the statement's result.
+--
+-- Counts stay exact: a slot's count is of the jobs running under that slot,
+-- and the jobs picked under it are locked until the claim commits, running by
+-- then (the UPDATE is part of the same statement); the next holder of the
+-- slot counts afresh. rota.claim_limited stays, for workers of the version
+-- before until they are replaced.
+
+-- Held back: a limit wakes idle workers only when it held a claim back.
+-- Every outcome of a limited type used to notify rota_jobs, and a commit that
+-- notifies takes one lock for the whole cluster (the notification queue's):
+-- under a limit that never binds, the outcomes of every worker took turns at
+-- it. A claim now marks the slot (or, on the path of one row, the limit) that
+-- gave it less than it wanted, and clears the mark when one gives it all; an
+-- outcome notifies only for a job of a marked slot or limit (write_outcomes).
+-- A slot marked has jobs running (its share was reached), so a worker that got
+-- nothing from the slots it could lock is woken when one of those ends.
+ALTER TABLE rota.job_limit ADD COLUMN held_back boolean NOT NULL DEFAULT false;
+ALTER TABLE rota.job_limit_slot ADD COLUMN held_back boolean NOT NULL DEFAULT false;
+
+-- Picked jobs of limited types, each with the slot it starts in (NULL: none,
+-- on a limit without a concurrency). The caller marks them running in the
+-- same transaction.
+CREATE FUNCTION rota.pick_limited(at timestamptz, types text[], wanted integer)
+RETURNS TABLE (id bigint, limit_slot smallint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    lim rota.job_limit;
+    room integer;
+    recent timestamptz[];
+    running_total integer;
+    running_named jsonb;
+    running_none integer;
+    slot_row rota.job_limit_slot;
+    s integer;
+    n integer;
+    pick record;
+    picked bigint[];
+    labels smallint[];
+    cursor_slot integer;
+    cursor_key text;
+    held boolean;
+BEGIN
+    IF wanted < 1 OR EXISTS (SELECT FROM rota.paused_type WHERE type = '*') THEN
+        RETURN;
+    END IF;
+    FOR lim IN
+        SELECT l.* FROM rota.job_limit AS l
+        WHERE (types IS NULL OR l.type = ANY(types))
+          AND NOT EXISTS (SELECT FROM rota.paused_type AS p WHERE p.type = l.type)
+          -- In index order, so that no plan reads the table from its start
+          -- (where the jobs run before lie) to find one.
+          AND (SELECT j.id FROM rota.job AS j
+               WHERE j.status = 'ready' AND j.type = l.type AND j.run_at <= at
+               ORDER BY j.group_key, j.priority, j.run_at, j.id
+               LIMIT 1) IS NOT NULL
+        ORDER BY l.type
+    LOOP
+        EXIT WHEN wanted < 1;
+
+        -- The path of slots: a concurrency alone, settled. The free slots are
+        -- locked in turn, from one that depends on the session so that claims
+        -- side by side start at different slots, until their room covers what
+        -- is wanted; then one pick for them all, each job labelled with a slot
+        -- that has room for it (a pick per slot would pick the same jobs
+        -- again: they are still ready, locked by this very transaction).
+        IF lim.slots_settled AND lim.concurrency IS NOT NULL
+           AND lim.group_concurrency IS NULL AND lim.rate IS NULL THEN
+            labels := '{}';
+            cursor_slot := NULL;
+            FOR s IN
+                SELECT (g + pg_backend_pid()) % rota.limit_slots()
+                FROM generate_series(0, rota.limit_slots() - 1) AS g
+            LOOP
+                EXIT WHEN cardinality(labels) >= wanted;
+                CONTINUE WHEN rota.limit_share(lim.concurrency, s) < 1;
+                SELECT * INTO slot_row FROM rota.job_limit_slot AS ls
+                WHERE ls.type = lim.type AND ls.slot = s
+                FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+                n := (SELECT count(*) FROM rota.job AS j
+                      WHERE j.status = 'running' AND j.type = lim.type AND j.limit_slot = s);
+                room := least(wanted - cardinality(labels),
+                              rota.limit_share(lim.concurrency, s) - n);
+                held := rota.limit_share(lim.concurrency, s) - n < wanted - cardinality(labels);
+                IF held IS DISTINCT FROM slot_row.held_back THEN
+                    UPDATE rota.job_limit_slot AS ls SET held_back = held
+                    WHERE ls.type = lim.type AND ls.slot = s;
+                END IF;
+                CONTINUE WHEN room < 1;
+                IF cursor_slot IS NULL THEN
+                    cursor_slot := s;
+                    cursor_key := slot_row.group_cursor;
+                END IF;
+                labels := labels || array_fill(s::smallint, ARRAY[room]);
+            END LOOP;
+            CONTINUE WHEN cardinality(labels) = 0;
+            SELECT * INTO pick FROM rota.pick_in_turn(lim.type, cursor_key,
+                                                      cardinality(labels), NULL, '{}', 0, at);
+            CONTINUE WHEN cardinality(pick.picked) = 0;
+            IF pick.next_cursor IS DISTINCT FROM cursor_key THEN
+                UPDATE rota.job_limit_slot AS ls SET group_cursor = pick.next_cursor
+                WHERE ls.type = lim.type AND ls.slot = cursor_slot;
+            END IF;
+            RETURN QUERY
+            SELECT p.id, labels[p.n] FROM unnest(pick.picked) WITH ORDINALITY AS p(id, n);
+            wanted := wanted - cardinality(pick.picked);
+            CONTINUE;
+        END IF;
+
+        -- The path of one row: the limit row and every slot locked (waiting
+        -- for the claims of the slots to commit), then every running job counted.
+        SELECT l.* INTO lim FROM rota.job_limit AS l WHERE l.type = lim.type FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;  -- cleared meanwhile: the unlimited claim takes them
+        PERFORM FROM rota.job_limit_slot AS ls WHERE ls.type = lim.type
+        ORDER BY ls.slot FOR UPDATE;
+        IF NOT lim.slots_settled THEN
+            PERFORM rota.settle_slots(lim.type);  -- for the claims after this one
+        END IF;
+        room := wanted;
+        recent := '{}';
+        IF lim.rate IS NOT NULL THEN
+            recent := ARRAY(SELECT x FROM unnest(lim.starts) AS x
+                            WHERE x > at - make_interval(secs => lim.per_seconds) ORDER BY x);
+            room := least(room, lim.rate - cardinality(recent));
+        END IF;
+        running_named := '{}';
+        running_none := 0;
+        IF lim.concurrency IS NOT NULL OR lim.group_concurrency IS NOT NULL THEN
+            SELECT coalesce(sum(r.n), 0),
+                   coalesce(jsonb_object_agg(r.g, r.n) FILTER (WHERE r.g IS NOT NULL), '{}'),
+                   coalesce(sum(r.n) FILTER (WHERE r.g IS NULL), 0)
+            INTO running_total, running_named, running_none
+            FROM (SELECT c.group_key AS g, sum(c.n) AS n FROM rota.running_of_type(lim.type) AS c
+                  GROUP BY c.group_key) AS r;
+            IF lim.concurrency IS NOT NULL THEN
+                room := least(room, lim.concurrency - running_total);
+            END IF;
+        END IF;
+        IF room < 1 THEN
+            IF NOT lim.held_back THEN
+                UPDATE rota.job_limit AS l SET held_back = true WHERE l.type = lim.type;
+            END IF;
+            CONTINUE;
+        END IF;
+
+        SELECT * INTO pick FROM rota.pick_in_turn(lim.type, lim.group_cursor, room,
+                                                  lim.group_concurrency, running_named,
+                                                  running_none, at);
+        picked := pick.picked;
+        -- Fewer than wanted: held back by the limit, or fewer were ready.
+        held := cardinality(picked) < wanted;
+        IF cardinality(picked) = 0 THEN
+            IF held IS DISTINCT FROM lim.held_back THEN
+                UPDATE rota.job_limit AS l SET held_back = held WHERE l.type = lim.type;
+            END IF;
+            CONTINUE;
+        END IF;
+        UPDATE rota.job_limit AS l
+        SET group_cursor = pick.next_cursor,
+            starts = CASE WHEN l.rate IS NULL THEN '{}'::timestamptz[]
+                          ELSE recent || array_fill(at, ARRAY[cardinality(picked)]) END,
+            held_back = held
+        WHERE l.type = lim.type;
+        -- Each job goes to a slot with room under its share, so that the slots
+        -- fit again once the jobs running without one have ended. There is
+        -- room enough: the shares add up to the concurrency, and the room was
+        -- the concurrency less every running job.
+        labels := '{}';
+        IF lim.concurrency IS NOT NULL THEN
+            FOR s IN 0 .. rota.limit_slots() - 1 LOOP
+                EXIT WHEN cardinality(labels) >= cardinality(picked);
+                n := rota.limit_share(lim.concurrency, s)
+                     - (SELECT count(*) FROM rota.job AS j
+                        WHERE j.status = 'running' AND j.type = lim.type
+                          AND j.limit_slot = s);
+                n := least(n, cardinality(picked) - cardinality(labels));
+                IF n > 0 THEN
+                    labels := labels || array_fill(s::smallint, ARRAY[n]);
+                END IF;
+            END LOOP;
+        END IF;
+        RETURN QUERY
+        SELECT p.id, labels[p.n]::smallint FROM unnest(picked) WITH ORDINALITY AS p(id, n);
+        wanted := wanted - cardinality(picked);
+    END LOOP;
+END
+$$;
