@@ -15,8 +15,8 @@
 -- Counts stay exact: a slot's count is of the jobs running under that slot,
 -- and the jobs picked under it are locked until the claim commits, running by
 -- then (the UPDATE is part of the same statement); the next holder of the
--- slot counts afresh. rota.claim_limited stays, for workers of the version
--- before until they are replaced.
+-- slot counts afresh. rota.claim_limited and rota.start_limited go: no
+-- released version calls them (flow control is new in 0.3).
 
 -- Held back: a limit wakes idle workers only when it held a claim back.
 -- Every outcome of a limited type used to notify rota_jobs, and a commit that
@@ -198,3 +198,7 @@ BEGIN
     END LOOP;
 END
 $$;
+
+DROP FUNCTION rota.claim_limited(timestamptz, text[], integer, text, double precision);
+DROP FUNCTION rota.start_limited(bigint[], integer, smallint[], text, double precision,
+                                 timestamptz);
