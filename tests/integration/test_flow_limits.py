@@ -509,13 +509,14 @@ def test_a_limited_claim_reads_no_more_after_many_jobs_ran(
     jobs run since the last vacuum left behind are not read again by every claim
     (statistics taken before any ran, as after a large enqueue)."""
     with psycopg.connect(db_url, autocommit=True) as c:
-        add_ready(c, "export", 10, 1_100)
+        add_ready(c, "export", 10, 1_600)
         c.execute("VACUUM ANALYZE rota.job")
         rota.set_limit(c, "export", **limits)
         held = claim(c, "w1", 40, 30)
         first = _claim_buffers(db_url, "export", 20)
-        for _ in range(100):
+        for _ in range(150):
             finish(c, claim(c, "w2", 100, 30), "w2")
         later = _claim_buffers(db_url, "export", 20)
         assert len(held) == 40
-    assert later < first + 50, (first, later)
+    # Before: about 30 more buffers per 1,000 jobs run on slots, 90 on one row.
+    assert later < first + 150, (first, later)
