@@ -523,6 +523,8 @@ def test_a_limited_claim_reads_no_more_after_many_jobs_ran(
     with psycopg.connect(db_url, autocommit=True) as c:
         add_ready(c, "export", 10, 1_600)
         c.execute("VACUUM ANALYZE rota.job")
+        # The statistics stay those: no autovacuum's ANALYZE halfway.
+        c.execute("ALTER TABLE rota.job SET (autovacuum_enabled = false)")
         rota.set_limit(c, "export", **limits)
         held = claim(c, "w1", 40, 30)
         for _ in range(150):
@@ -532,5 +534,7 @@ def test_a_limited_claim_reads_no_more_after_many_jobs_ran(
     assert any("FROM rota.job_limit AS l" in plan for plan in plans), plans  # its statements
     for plan in plans:
         for line in plan.splitlines():
-            assert not re.search(r"(Seq Scan|Bitmap Heap Scan) on job\b", line), plan
+            # (Rows reached by their ids, a bitmap of job_pkey included, are fine.)
+            assert not re.search(r"Seq Scan on job\b", line), plan
             assert "job_type_idx" not in line, plan
+            assert "Bitmap Index Scan on job_running_idx" not in line, plan
