@@ -427,6 +427,20 @@ def test_an_outcome_under_a_limit_that_held_nothing_back_wakes_nobody(db_url: st
         assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
 
 
+def test_a_claim_served_by_two_slots_was_not_held_back(db_url: str) -> None:
+    with (
+        psycopg.connect(db_url, autocommit=True) as c,
+        psycopg.connect(db_url, autocommit=True) as listener,
+    ):
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(10)])
+        rota.set_limit(c, "payment", concurrency=8)  # shares 2, 2, 2, 2
+        listener.execute("LISTEN rota_jobs")
+        jobs = claim(c, "w", 3, 30)  # a slot's 2 and another's 1: all it asked for
+        assert len(jobs) == 3
+        finish(c, jobs)
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
 def _expire(conn: psycopg.Connection[Any], job_id: int) -> None:
     conn.execute(
         "UPDATE rota.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,)

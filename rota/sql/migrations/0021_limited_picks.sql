@@ -22,9 +22,10 @@
 -- Every outcome of a limited type used to notify rota_jobs, and a commit that
 -- notifies takes one lock for the whole cluster (the notification queue's):
 -- under a limit that never binds, the outcomes of every worker took turns at
--- it. A claim now marks the slot (or, on the path of one row, the limit) that
--- gave it less than it wanted, and clears the mark when one gives it all; an
--- outcome notifies only for a job of a marked slot or limit (write_outcomes).
+-- it. A claim that got less than it wanted now marks the slots it found full
+-- (or, on the path of one row, the limit), and a claim that got all it wanted
+-- clears the marks of those it visited; an outcome notifies only for a job of
+-- a marked slot or limit (write_outcomes).
 -- A slot marked has jobs running (its share was reached), so a worker that got
 -- nothing from the slots it could lock is woken when one of those ends.
 ALTER TABLE rota.job_limit ADD COLUMN held_back boolean NOT NULL DEFAULT false;
@@ -52,6 +53,10 @@ DECLARE
     cursor_slot integer;
     cursor_key text;
     held boolean;
+    visited integer[];
+    visited_full boolean[];
+    visited_held boolean[];
+    k integer;
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT FROM rota.paused_type WHERE type = '*') THEN
         RETURN;
@@ -80,6 +85,9 @@ BEGIN
            AND lim.group_concurrency IS NULL AND lim.rate IS NULL THEN
             labels := '{}';
             cursor_slot := NULL;
+            visited := '{}';
+            visited_full := '{}';
+            visited_held := '{}';
             FOR s IN
                 SELECT (g + pg_backend_pid()) % rota.limit_slots()
                 FROM generate_series(0, rota.limit_slots() - 1) AS g
@@ -94,17 +102,24 @@ BEGIN
                       WHERE j.status = 'running' AND j.type = lim.type AND j.limit_slot = s);
                 room := least(wanted - cardinality(labels),
                               rota.limit_share(lim.concurrency, s) - n);
-                held := rota.limit_share(lim.concurrency, s) - n < wanted - cardinality(labels);
-                IF held IS DISTINCT FROM slot_row.held_back THEN
-                    UPDATE rota.job_limit_slot AS ls SET held_back = held
-                    WHERE ls.type = lim.type AND ls.slot = s;
-                END IF;
+                visited := visited || s;
+                visited_full := visited_full || (room < wanted - cardinality(labels));
+                visited_held := visited_held || slot_row.held_back;
                 CONTINUE WHEN room < 1;
                 IF cursor_slot IS NULL THEN
                     cursor_slot := s;
                     cursor_key := slot_row.group_cursor;
                 END IF;
                 labels := labels || array_fill(s::smallint, ARRAY[room]);
+            END LOOP;
+            -- Held back: the slots it locked had less room than it wanted. Those
+            -- that were full are marked, the others cleared (on change only).
+            held := cardinality(labels) < wanted;
+            FOR k IN 1 .. cardinality(visited) LOOP
+                IF (held AND visited_full[k]) IS DISTINCT FROM visited_held[k] THEN
+                    UPDATE rota.job_limit_slot AS ls SET held_back = (held AND visited_full[k])
+                    WHERE ls.type = lim.type AND ls.slot = visited[k];
+                END IF;
             END LOOP;
             CONTINUE WHEN cardinality(labels) = 0;
             SELECT * INTO pick FROM rota.pick_in_turn(lim.type, cursor_key,
