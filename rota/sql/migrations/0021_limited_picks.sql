@@ -57,6 +57,7 @@ DECLARE
     visited_full boolean[];
     visited_held boolean[];
     k integer;
+    in_slot bigint[];
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT FROM rota.paused_type WHERE type = '*') THEN
         RETURN;
@@ -153,13 +154,18 @@ BEGIN
         END IF;
         running_named := '{}';
         running_none := 0;
+        in_slot := '{}';
         IF lim.concurrency IS NOT NULL OR lim.group_concurrency IS NOT NULL THEN
-            SELECT coalesce(sum(r.n), 0),
-                   coalesce(jsonb_object_agg(r.g, r.n) FILTER (WHERE r.g IS NOT NULL), '{}'),
-                   coalesce(sum(r.n) FILTER (WHERE r.g IS NULL), 0)
-            INTO running_total, running_named, running_none
-            FROM (SELECT c.group_key AS g, sum(c.n) AS n FROM rota.running_of_type(lim.type) AS c
-                  GROUP BY c.group_key) AS r;
+            -- One count of the running jobs, by group and by slot.
+            WITH c AS MATERIALIZED (SELECT * FROM rota.running_of_type(lim.type)),
+            r AS (SELECT c.group_key AS g, sum(c.n) AS n FROM c GROUP BY c.group_key)
+            SELECT (SELECT coalesce(sum(r.n), 0) FROM r),
+                   (SELECT coalesce(jsonb_object_agg(r.g, r.n) FILTER (WHERE r.g IS NOT NULL),
+                                    '{}') FROM r),
+                   (SELECT coalesce(sum(r.n) FILTER (WHERE r.g IS NULL), 0) FROM r),
+                   ARRAY(SELECT (SELECT coalesce(sum(c.n), 0) FROM c WHERE c.limit_slot = g)
+                         FROM generate_series(0, rota.limit_slots() - 1) AS g ORDER BY g)
+            INTO running_total, running_named, running_none, in_slot;
             IF lim.concurrency IS NOT NULL THEN
                 room := least(room, lim.concurrency - running_total);
             END IF;
@@ -197,11 +203,8 @@ BEGIN
         IF lim.concurrency IS NOT NULL THEN
             FOR s IN 0 .. rota.limit_slots() - 1 LOOP
                 EXIT WHEN cardinality(labels) >= cardinality(picked);
-                n := rota.limit_share(lim.concurrency, s)
-                     - (SELECT count(*) FROM rota.job AS j
-                        WHERE j.status = 'running' AND j.type = lim.type
-                          AND j.limit_slot = s);
-                n := least(n, cardinality(picked) - cardinality(labels));
+                n := least(rota.limit_share(lim.concurrency, s) - in_slot[s + 1],
+                           cardinality(picked) - cardinality(labels));
                 IF n > 0 THEN
                     labels := labels || array_fill(s::smallint, ARRAY[n]);
                 END IF;
