@@ -21,13 +21,9 @@ from bench.server import Server
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.limits_ab", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--concurrency", type=int, default=100)
+    rota_bench.add_drain_options(parser, rounds=6)
     args = parser.parse_args(argv)
-    if min(args.rounds, args.processes, args.jobs, args.concurrency) <= 0:
-        parser.error("--rounds, --processes, --jobs and --concurrency must be positive")
+    rota_bench.check_drain_options(parser, args)
 
     from rota.testing import EmbeddedPostgres
 

@@ -7,6 +7,7 @@ measured. Every measurement gets a fresh, migrated database.
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -31,6 +32,19 @@ ANY_LEFT = (
     " OR EXISTS (SELECT FROM rota.job WHERE status = 'running')"
 )
 BATCH = 1000
+
+
+def add_drain_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of the scripts that drain in alternating rounds (`bench.*_ab`)."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=100)
+
+
+def check_drain_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if min(args.rounds, args.processes, args.jobs, args.concurrency) <= 0:
+        parser.error("--rounds, --processes, --jobs and --concurrency must be positive")
 
 
 def fresh(new_database: NewDatabase, name: str) -> str:

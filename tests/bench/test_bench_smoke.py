@@ -226,3 +226,28 @@ def test_worker_variants_drain_side_by_side(tmp_path: Path) -> None:
     for row in rows:
         assert row["rate"] > 0 and row["server_cpu"] >= 0 and row["worker_cpu"] >= 0
     assert "| lazy |" in printed
+
+
+def test_schema_variants_drain_side_by_side() -> None:
+    printed = run_module(
+        "bench.schema_ab",
+        *("--variant", "ff70=ALTER TABLE rota.job SET (fillfactor = 70)"),
+        *("--rounds", "1", "--processes", "1", "--jobs", "300"),
+    )
+    rows = [line for line in printed.splitlines() if line.startswith(("| current |", "| ff70 |"))]
+    assert len(rows) == 2, printed
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1].replace(",", "")) > 0 and float(cells[5].replace(",", "")) > 0
+
+
+@pytest.mark.parametrize("variant", ["no-sql", "=SELECT 1", "label="])
+def test_a_schema_variant_without_a_label_or_sql_is_refused(variant: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.schema_ab", "--variant", variant],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--variant wants LABEL=SQL" in done.stderr
