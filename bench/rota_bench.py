@@ -149,6 +149,12 @@ def with_done_rows(new_database: NewDatabase, rows: int) -> str:
     them until the archiver moves them.
     """
     dsn = fresh(new_database, "rota_done_rows")
+    add_done_rows(dsn, rows)
+    return dsn
+
+
+def add_done_rows(dsn: str, rows: int) -> None:
+    """Add `rows` done jobs to the database at `dsn` (see with_done_rows)."""
     with db.connect(dsn) as conn:
         conn.execute(
             b"""
@@ -163,7 +169,6 @@ def with_done_rows(new_database: NewDatabase, rows: int) -> str:
             {"rows": rows},
         )
         conn.execute(b"VACUUM ANALYZE rota.job")
-    return dsn
 
 
 def latency(new_database: NewDatabase, jobs: int, gap: float, concurrency: int = 10) -> Latency:

@@ -39,30 +39,54 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--variant", action="append", type=parse_variant, default=[])
     rota_bench.add_drain_options(parser, rounds=4)
+    parser.add_argument(
+        "--done-rows",
+        type=int,
+        default=0,
+        help="drain beside this many done rows (one database per variant, kept for every round)",
+    )
+    parser.add_argument(
+        "--latency", type=int, default=0, help="also time the enqueue-to-start of this many jobs"
+    )
     args = parser.parse_args(argv)
     rota_bench.check_drain_options(parser, args)
+    if args.done_rows < 0 or args.latency < 0:
+        parser.error("--done-rows and --latency must not be negative")
     variants: dict[str, str | None] = {"current": None, **dict(args.variant)}
 
     from rota.testing import EmbeddedPostgres
 
     names = itertools.count()
     drains: dict[str, list[rota_bench.Drain]] = {label: [] for label in variants}
+    latencies: dict[str, list[rota_bench.Latency]] = {label: [] for label in variants}
     with EmbeddedPostgres(durable=True) as pg:
         server = Server(pg.data, pg.url())
 
-        def new_database(statement: str | None) -> str:
+        def new_database(statement: str | None, done_rows: int = 0) -> str:
             dsn = rota_bench.fresh(lambda name: pg.create_database(f"{name}_{next(names)}"), "ab")
             if statement:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(statement.encode())
+            if done_rows:
+                rota_bench.add_done_rows(dsn, done_rows)
             return dsn
 
         try:
+            beside = {
+                label: new_database(statement, args.done_rows)
+                for label, statement in variants.items()
+                if args.done_rows
+            }
             for round_ in range(args.rounds):
                 order = list(variants)[:: 1 if round_ % 2 == 0 else -1]
                 for label in order:
                     print(f"... round {round_ + 1}: {label}", file=sys.stderr, flush=True)
-                    dsn = new_database(variants[label])
+                    if args.latency:
+                        dsn = new_database(variants[label])
+                        latencies[label].append(
+                            rota_bench.latency(lambda _name, dsn=dsn: dsn, args.latency, 0.015)
+                        )
+                    dsn = beside.get(label) or new_database(variants[label])
                     drains[label].append(
                         rota_bench.drain(
                             pg.create_database,
@@ -78,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"\n{args.jobs:,} no-op jobs per drain, {args.processes} process(es), concurrency "
-        f"{args.concurrency}, {args.rounds} rounds\n"
+        f"{args.concurrency}, {args.rounds} rounds"
+        + (f", beside {args.done_rows:,} done rows" if args.done_rows else "")
+        + "\n"
     )
     print(
         "| variant | median jobs/s | rounds | server CPU s / 1,000 | worker CPU s / 1,000"
@@ -96,6 +122,16 @@ def main(argv: list[str] | None = None) -> int:
             f"| {label} | {statistics.median(d.rate for d in runs):,.0f} | {each} |"
             f" {server_cpu:.3f} | {worker_cpu:.3f} | {wal:,.0f} |"
         )
+    if args.latency:
+        print(f"\nenqueue-to-start of {args.latency} jobs, one at a time\n")
+        print("| variant | p50 ms (median of rounds) | p99 ms | enqueue call p50 ms |")
+        print("|---|---:|---:|---:|")
+        for label, runs in latencies.items():
+            print(
+                f"| {label} | {statistics.median(r.p50_ms for r in runs):.1f}"
+                f" | {statistics.median(r.p99_ms for r in runs):.1f}"
+                f" | {statistics.median(r.enqueue_p50_ms or 0 for r in runs):.2f} |"
+            )
     return 0
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Build Rota's images without Docker: buildah, from a local Debian bookworm base
-# image that mmdebstrap makes once (cached in ROTA_CACHE, default ~/.cache/rota).
+# Build Rota's images without Docker: buildah, from local Debian base images
+# with python3 that mmdebstrap makes once (cached in ROTA_CACHE, default
+# ~/.cache/rota): trixie (Python 3.13) for the worker, as its Dockerfile's
+# python:3.13 base, and bookworm (Python 3.11) for the operator.
 # The Dockerfiles build unchanged; only their base-image argument points at the
 # local base. Builds run on the host network with the host's CA bundle, so pip
 # inside RUN reaches PyPI through whatever the host trusts.
@@ -12,18 +14,20 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${ROTA_CACHE:-$HOME/.cache/rota}
 TAG=${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml")}
-BASE=localhost/rota-base:bookworm-python3
+WORKER_BASE=localhost/rota-base:trixie-python3
+OPERATOR_BASE=localhost/rota-base:bookworm-python3
 IMAGES=(rota-worker rota-operator rota-worker-e2e rota-worker-cluster)
 
 log() { printf '==> %s\n' "$*" >&2; }
 
 base_image() {
-  if podman image exists "$BASE"; then
+  local suite=$1 image="localhost/rota-base:$1-python3"
+  if podman image exists "$image"; then
     return
   fi
-  local tarball="$CACHE/images/bookworm-python3.tar"
+  local tarball="$CACHE/images/$suite-python3.tar"
   if [[ ! -s $tarball ]]; then
-    log "making the bookworm base image with mmdebstrap"
+    log "making the $suite base image with mmdebstrap"
     mkdir -p "$CACHE/images"
     # python3-venv for the build stage's virtualenv, python-is-python3 for the
     # Dockerfiles' `python`; the image's own trust store is not needed. The hook's
@@ -34,15 +38,16 @@ base_image() {
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' \
       --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-      bookworm "$tarball.part" http://deb.debian.org/debian
+      "$suite" "$tarball.part" http://deb.debian.org/debian
     mv "$tarball.part" "$tarball"
   fi
-  podman import --quiet "$tarball" "$BASE" >/dev/null
+  podman import --quiet "$tarball" "$image" >/dev/null
 }
 
 build() {
   command -v buildah >/dev/null || { echo "buildah is missing: apt-get install buildah podman mmdebstrap" >&2; exit 2; }
-  base_image
+  base_image trixie
+  base_image bookworm
   local conf="$CACHE/images/pip.conf"
   mkdir -p "$CACHE/images"
   {
@@ -56,10 +61,12 @@ build() {
     mounts+=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
   fi
   local common=(--quiet --layers --network host --isolation chroot "${mounts[@]}"
-    --build-arg "PYTHON_IMAGE=$BASE" --build-arg "VERSION=$TAG")
+    --build-arg "VERSION=$TAG")
   log "building rota-worker:$TAG and rota-operator:$TAG"
-  buildah bud "${common[@]}" -f "$ROOT/Dockerfile.worker" -t "rota-worker:$TAG" "$ROOT" >/dev/null
-  buildah bud "${common[@]}" -f "$ROOT/Dockerfile.operator" -t "rota-operator:$TAG" "$ROOT" >/dev/null
+  buildah bud "${common[@]}" --build-arg "PYTHON_IMAGE=$WORKER_BASE" \
+    -f "$ROOT/Dockerfile.worker" -t "rota-worker:$TAG" "$ROOT" >/dev/null
+  buildah bud "${common[@]}" --build-arg "PYTHON_IMAGE=$OPERATOR_BASE" \
+    -f "$ROOT/Dockerfile.operator" -t "rota-operator:$TAG" "$ROOT" >/dev/null
   log "building the handler images"
   buildah bud --quiet --layers --isolation chroot --build-arg "WORKER_IMAGE=localhost/rota-worker:$TAG" \
     -f "$ROOT/tests/e2e/Dockerfile.handlers" -t "rota-worker-e2e:$TAG" "$ROOT/tests/e2e" >/dev/null

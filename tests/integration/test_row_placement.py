@@ -31,7 +31,11 @@ def _pages(conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, int]:
 
 def test_a_jobs_claim_and_outcome_stay_on_its_page_among_finished_jobs(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as c:
-        # Finished jobs, larger than a new one, packed as a busy queue keeps them.
+        # Finished jobs, larger than a new one, packed full (as rows stored
+        # before the room was kept are), a third of them archived since.
+        row = c.execute("SELECT reloptions FROM pg_class WHERE oid = 'rota.job'::regclass")
+        (options,) = row.fetchone() or ([],)
+        c.execute("ALTER TABLE rota.job SET (fillfactor = 100)")
         c.execute(
             "INSERT INTO rota.job (type, payload, status, run_at, attempts, locked_by,"
             " created_at, started_at, finished_at)"
@@ -39,10 +43,12 @@ def test_a_jobs_claim_and_outcome_stay_on_its_page_among_finished_jobs(db_url: s
             " 'worker:0:' || lpad(g::text, 12, '0'), now(), now(), now()"
             " FROM generate_series(1, 20000) AS g"
         )
+        c.execute("DELETE FROM rota.job WHERE id % 3 = 0")
+        c.execute(f"ALTER TABLE rota.job SET ({', '.join(options)})".encode())
         c.execute("VACUUM ANALYZE rota.job")
         ids = list(rota.enqueue_many(c, [rota.NewJob("report") for _ in range(50)]))
         placed = _pages(c, ids)
-        assert len(set(placed.values())) > 25  # the new jobs went where space was
+        assert len(set(placed.values())) >= 15  # a few to a page, where space was
         jobs = claim(c, "w", 50, 30)
         assert len(jobs) == 50
         claimed = _pages(c, ids)
@@ -55,7 +61,7 @@ def test_a_jobs_claim_and_outcome_stay_on_its_page_among_finished_jobs(db_url: s
 def test_a_claimed_and_finished_batch_stays_on_its_pages(db_url: str) -> None:
     # A batch enqueued together fills its pages; claimed and finished together,
     # its new versions fit beside the old ones only with room kept on each page
-    # (half of it, migration 0023: 162 of 200 stayed; with a tenth, 15).
+    # (migration 0023 keeps 30 %: 64 of 200 stay, 15 with a tenth, 162 with half).
     with psycopg.connect(db_url, autocommit=True) as c:
         ids = list(rota.enqueue_many(c, [rota.NewJob("report", {"i": i}) for i in range(200)]))
         placed = _pages(c, ids)
@@ -66,7 +72,7 @@ def test_a_claimed_and_finished_batch_stays_on_its_pages(db_url: str) -> None:
         finished = _pages(c, ids)
     assert len(set(placed.values())) >= 4  # the batch filled several pages
     stayed = sum(placed[i] == claimed[i] == finished[i] for i in ids)
-    assert stayed >= 150, (stayed, placed, claimed, finished)  # 15 of 200 with a tenth free
+    assert stayed >= 50, (stayed, placed, claimed, finished)  # 64 of 200; 15 with a tenth free
 
 
 def _type_index_entries(conn: psycopg.Connection[Any]) -> int:
