@@ -9,6 +9,7 @@ import threading
 from datetime import UTC, datetime
 
 import rota
+from rota import claim as claims
 from rota.claim import Attempt
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome, Status
@@ -180,3 +181,47 @@ def test_a_slot_freed_late_never_starts_a_job_that_waited_too_long() -> None:
     parts.end(1)
     assert parts.begun == [1, 2, 3] and parts.loop.active == C - 1
     assert [(a.job_id, a.outcome) for a in parts.buffer.pending][-1] == (4, Outcome.RELEASED)
+
+
+class GatedLink:
+    """A claim connection whose claims stay in flight until the test opens the gate."""
+
+    def __init__(self, name: str, calls: list[tuple[str, int]], gate: asyncio.Event) -> None:
+        self.name, self.calls, self.gate = name, calls, gate
+
+    async def run(self, fn: object, *args: object) -> object:
+        if fn is not claims.write_and_claim:
+            return {}  # what became of outcomes the claim did not write: nothing known
+        limit = args[2]
+        assert isinstance(limit, int)
+        self.calls.append((self.name, limit))
+        await self.gate.wait()
+        return {}, []
+
+
+def test_while_claiming_ahead_two_claims_of_a_batch_each_are_in_flight_at_once() -> None:
+    # One claim of both batches kept a single process's claims one at a time: the
+    # database worked on one while the second connection had nothing to ask for.
+    parts = Parts()
+    parts.claimed(1, 2, 3)
+    for i in (1, 2, 3):
+        parts.end(i)
+    assert parts.loop.claiming_ahead
+
+    async def scenario() -> list[tuple[str, int]]:
+        gate, calls = asyncio.Event(), []
+        links = GatedLink("lead", calls, gate), GatedLink("ahead", calls, gate)
+        task = asyncio.create_task(parts.loop.run(*links))  # type: ignore[arg-type]
+        for _ in range(1000):  # turns of the event loop, no clock
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0)
+        seen = list(calls)
+        parts.stopping.set()
+        parts.loop.end_idle_wait()
+        parts.loop.wake()
+        gate.set()
+        await asyncio.wait_for(task, 30)
+        return seen
+
+    assert asyncio.run(scenario()) == [("lead", C), ("ahead", C)]

@@ -299,7 +299,7 @@ class ClaimLoop:
             if free <= 0:
                 await self._wait_for_a_slot()
                 continue
-            await self._claim(lane, free)
+            await self._claim(lane, min(free, self.settings.concurrency))
 
     async def _ready_to_claim(self, lane: Lane) -> bool:
         """Whether `lane` claims on this turn; if not, it has waited (or given back
