@@ -12,7 +12,7 @@ cluster-deps: ## install the Debian packages the local cluster and buildah need 
 kubernetes-local: cluster-deps ## build kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy once (cached; 15-40 min cold on 2 cores)
 	bash tests/cluster/build-kubernetes.sh
 
-images-local: cluster-deps ## build the worker, operator and handler images with buildah from a local bookworm base
+images-local: cluster-deps ## build the worker, operator and handler images with buildah from local Debian bases (trixie for the worker, bookworm for the operator)
 	bash tests/cluster/images.sh build
 
 cluster-up: kubernetes-local ## start the local cluster (etcd, apiserver, controllers, kubelet on containerd); prints `export KUBECONFIG=...` last
