@@ -24,6 +24,9 @@ import logging
 from datetime import datetime
 from typing import Any
 
+import psycopg
+from psycopg import sql as psycopg_sql
+
 from rota import sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput, Permanent
@@ -64,6 +67,11 @@ class ArchiveSettings:
     max_batches: int = 100
     """Batches per run; what is left waits for the next run (every 5 minutes by default)."""
 
+    rebuild_bloated_indexes: bool = True
+    """Rebuild (REINDEX CONCURRENTLY) the indexes of rota.job that grew far past
+    what their entries need, as a long transaction leaves them; see
+    `rebuild_bloated_indexes`."""
+
     def __post_init__(self) -> None:
         retentions = [
             self.done_retention_seconds,
@@ -85,6 +93,10 @@ class ArchiveSettings:
         if not isinstance(values, dict) or set(values) - known:
             raise InvalidInput(f"archive payload takes only the keys {sorted(known)}")
         for name, value in values.items():
+            if name == "rebuild_bloated_indexes":
+                if not isinstance(value, bool):
+                    raise InvalidInput(f"{name} must be true or false, not {value!r}")
+                continue
             whole = name in ("batch_size", "max_batches")
             kinds = int if whole else (int, float)
             if value is None and name == "archive_retention_seconds":
@@ -121,6 +133,8 @@ class ArchiveResult:
     """Archived rows deleted after the archive retention."""
     keys: int = 0
     """Keys of unique_for deleted, their window passed (rota.job_unique_key)."""
+    rebuilt: tuple[str, ...] = ()
+    """Indexes of rota.job rebuilt, bloated."""
 
     @property
     def count(self) -> int:
@@ -133,6 +147,7 @@ class ArchiveResult:
             f" deleted {self.deleted} archived jobs"
             + (f" and {self.keys} expired unique keys" if self.keys else "")
             + ("; more waiting" if self.capped else "")
+            + (f"; rebuilt the bloated indexes {', '.join(self.rebuilt)}" if self.rebuilt else "")
         )
 
 
@@ -177,8 +192,15 @@ class Archiver(Service):
                     if count < s.batch_size:
                         break
             keys, keys_capped = self._expired_keys(conn, now)
+            rebuilt = rebuild_bloated_indexes(conn) if s.rebuild_bloated_indexes else ()
         return ArchiveResult(
-            counts[0], counts[1], batches, capped or keys_capped, deleted=counts[2], keys=keys
+            counts[0],
+            counts[1],
+            batches,
+            capped or keys_capped,
+            deleted=counts[2],
+            keys=keys,
+            rebuilt=rebuilt,
         )
 
     def _expired_keys(self, conn: Conn, now: datetime | None) -> tuple[int, bool]:
@@ -197,6 +219,81 @@ class Archiver(Service):
         """One capped batch of `query`: the rows it moved or deleted."""
         values = {**params, "limit": self.settings.batch_size}
         return int(fetch_all(conn, sql.query(query), values)[0]["moved"])
+
+
+REBUILD_FACTOR = 4
+"""An index is bloated past this many times the pages its entries need packed."""
+REBUILD_MIN_PAGES = 256
+"""Smaller indexes (2 MiB of 8 KiB pages) are never rebuilt."""
+REBUILD_TABLE_SHARE = 0.1
+"""Nor one whose pages to give back are fewer than this share of the pages the
+table's live rows fill: a rebuild reads the whole table twice."""
+REBUILD_QUIET_SECONDS = 10.0
+"""No rebuild while another transaction of the database is older than this: a
+rebuild waits for every transaction older than itself, as long as the lock
+timeout below lets it."""
+REBUILD_TIMEOUTS = {"statement_timeout": "10min", "lock_timeout": "10s"}
+
+
+def rebuild_bloated_indexes(conn: Conn) -> tuple[str, ...]:
+    """Rebuild the bloated B-tree indexes of rota.job, one `REINDEX INDEX
+    CONCURRENTLY` each (reads and writes go on; it scans the table twice), and
+    drop what an interrupted rebuild left. Returns the names rebuilt.
+
+    Skipped on a connection inside a transaction (REINDEX CONCURRENTLY cannot
+    run there), while another transaction of the database is older than
+    REBUILD_QUIET_SECONDS (the rebuild would wait for it and keep what it still
+    sees), and, logged, when the role may not (the table's owner may; from
+    PostgreSQL 17 a role with MAINTAIN on it) or the database refuses it in time.
+    """
+    if not conn.autocommit:
+        return ()
+    rebuilt: list[str] = []
+    saved = {
+        name: fetch_all(conn, "SELECT current_setting(%(name)s) AS value", {"name": name})[0][
+            "value"
+        ]
+        for name in REBUILD_TIMEOUTS
+    }
+    try:
+        for name, value in REBUILD_TIMEOUTS.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        for row in fetch_all(conn, sql.query("leftover_job_index_builds"), {}):
+            conn.execute(
+                psycopg_sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS rota.{}").format(
+                    psycopg_sql.Identifier(row["name"])
+                )
+            )
+            log.info("dropped %s, left by an interrupted index rebuild", row["name"])
+        bloated = fetch_all(
+            conn,
+            sql.query("bloated_job_indexes"),
+            {
+                "factor": REBUILD_FACTOR,
+                "min_pages": REBUILD_MIN_PAGES,
+                "table_share": REBUILD_TABLE_SHARE,
+                "quiet": REBUILD_QUIET_SECONDS,
+            },
+        )
+        for row in bloated:
+            conn.execute(
+                psycopg_sql.SQL("REINDEX INDEX CONCURRENTLY rota.{}").format(
+                    psycopg_sql.Identifier(row["name"])
+                )
+            )
+            rebuilt.append(row["name"])
+            log.info(
+                "rebuilt %s: %d pages for %d entries (about %d packed)",
+                row["name"], row["pages"], row["entries"], row["packed"],
+            )  # fmt: skip
+    except psycopg.errors.InsufficientPrivilege:
+        log.info("bloated indexes of rota.job not rebuilt: the role may not (it needs to own it)")
+    except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+        log.warning("an index rebuild of rota.job gave up, tried again next run: %s", exc)
+    finally:
+        for name, value in saved.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    return tuple(rebuilt)
 
 
 @handler(JOB_TYPE)

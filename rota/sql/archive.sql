@@ -85,3 +85,66 @@ deleted AS (
     RETURNING 1
 )
 SELECT count(*) AS moved FROM deleted
+
+-- name: bloated_job_indexes
+-- The B-tree indexes of rota.job much larger than their entries need: pages
+-- past `factor` times what the entries (reltuples, counted by the last
+-- vacuum) would take packed, and at least `min_pages`. A long transaction
+-- keeps every version of every job alive and each index takes an entry for
+-- each; vacuum frees them once it ends, but no index file shrinks (the table's
+-- does, from its end). A rebuild reads the table twice, so the pages it gives
+-- back must come to `table_share` of what the table's live rows fill at
+-- least. Nothing is
+-- returned while another transaction than this one is older than `quiet`
+-- seconds: a rebuild would wait for it and keep what it still sees.
+WITH busy AS (
+    SELECT FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid() AND datname = current_database()
+      AND backend_type = 'client backend'  -- a vacuum's snapshot holds back nothing
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+      AND xact_start < clock_timestamp() - make_interval(secs => %(quiet)s)
+    UNION ALL
+    SELECT FROM pg_prepared_xacts WHERE database = current_database()
+),
+indexes AS (
+    SELECT c.oid, c.relname, c.reltuples, i.indrelid, i.indkey,
+           pg_relation_size(c.oid) / current_setting('block_size')::int AS pages
+    FROM pg_index AS i
+    JOIN pg_class AS c ON c.oid = i.indexrelid
+    JOIN pg_am AS am ON am.oid = c.relam AND am.amname = 'btree'
+    WHERE i.indrelid = 'rota.job'::regclass AND i.indisvalid AND i.indisready
+)
+SELECT x.relname AS name, x.pages, x.reltuples::bigint AS entries, packed.pages AS packed
+FROM indexes AS x
+CROSS JOIN LATERAL (
+    SELECT greatest(1, ceil(x.reltuples * (16 + sum(coalesce(s.avg_width, 8)))
+                            / (current_setting('block_size')::int * 0.9)))::bigint AS pages
+    FROM unnest(x.indkey::int2[]) AS k(attnum)
+    JOIN pg_attribute AS a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+    LEFT JOIN pg_stats AS s
+        ON s.schemaname = 'rota' AND s.tablename = 'job' AND s.attname = a.attname
+) AS packed
+WHERE x.reltuples >= 0
+  AND x.pages >= %(min_pages)s
+  AND x.pages > %(factor)s * packed.pages
+  AND x.pages - packed.pages >= %(table_share)s * (
+      -- the pages the table's live rows fill (rows counted by the last vacuum
+      -- or analyze), however large its file still is
+      SELECT greatest(0, t.reltuples) * (24 + coalesce(sum(s.avg_width), 100))
+             / current_setting('block_size')::int
+      FROM pg_class AS t
+      LEFT JOIN pg_stats AS s ON s.schemaname = 'rota' AND s.tablename = 'job'
+      WHERE t.oid = 'rota.job'::regclass
+      GROUP BY t.reltuples)
+  AND NOT EXISTS (SELECT FROM busy)
+ORDER BY x.pages DESC
+
+-- name: leftover_job_index_builds
+-- Indexes a rebuild interrupted left behind (REINDEX CONCURRENTLY names its new
+-- index *_ccnew and drops the old one as *_ccold): invalid, never used, still
+-- written by every insert.
+SELECT c.relname AS name
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE i.indrelid = 'rota.job'::regclass AND NOT i.indisvalid
+  AND c.relname ~ '_cc(new|old)[0-9]*$'

@@ -254,11 +254,14 @@ def test_settings_are_validated() -> None:
         == 60
     )
     assert ArchiveSettings.from_payload({"archive_retention_seconds": None}) == ArchiveSettings()
+    off = ArchiveSettings.from_payload({"rebuild_bloated_indexes": False})
+    assert not off.rebuild_bloated_indexes
     for payload, reason in [
         ({"done_retention_seconds": "7d"}, "done_retention_seconds must be a number of seconds"),
         ({"failed_retention_seconds": None}, "failed_retention_seconds must be a number"),
         ({"max_batches": True}, "max_batches must be a whole number"),
         ({"batch_size": 10.5}, "batch_size must be a whole number"),
+        ({"rebuild_bloated_indexes": 1}, "rebuild_bloated_indexes must be true or false"),
     ]:
         with pytest.raises(InvalidInput, match=reason):
             ArchiveSettings.from_payload(payload)
@@ -288,3 +291,62 @@ def test_effect_markers_leave_with_their_job_so_a_reused_key_runs_its_effect(con
     # A job deleted by hand takes its markers with it too.
     conn.execute("DELETE FROM rota.job WHERE id = %s", (again.id,))
     assert conn.execute("SELECT count(*) AS n FROM rota.job_effect").fetchone()["n"] == 1  # type: ignore[index]
+
+
+def _index_pages(conn: Conn, name: str) -> int:
+    row = conn.execute("SELECT pg_relation_size(%s::regclass) / 8192 AS pages", (name,)).fetchone()
+    return int(row["pages"])  # type: ignore[index]
+
+
+def _bloat(conn: Conn) -> None:
+    """Indexes of many jobs, nearly all of them archived and vacuumed since: the
+    entries are gone, the pages are not (as a long transaction leaves them)."""
+    finished(conn, "done", timedelta(days=8), count=100_000)
+    finished(conn, "done", timedelta(hours=1), count=100)
+    result = Archiver(ArchiveSettings(max_batches=1000, rebuild_bloated_indexes=False)).run_once(
+        conn, now=NOW
+    )
+    assert result.done == 100_000
+    conn.execute("VACUUM ANALYZE rota.job")
+
+
+def test_the_archiver_rebuilds_the_bloated_indexes_of_the_job_table(conn: Conn) -> None:
+    _bloat(conn)
+    before = _index_pages(conn, "rota.job_pkey")
+    assert before >= archive.REBUILD_MIN_PAGES
+    result = Archiver().run_once(conn, now=NOW)
+    assert {"job_pkey", "job_type_idx"} <= set(result.rebuilt), result
+    assert "rebuilt the bloated indexes" in str(result)
+    assert _index_pages(conn, "rota.job_pkey") < before / 20
+    # Every index valid and used as before; nothing left of the rebuild.
+    rows = conn.execute(
+        "SELECT c.relname, i.indisvalid FROM pg_index AS i JOIN pg_class AS c"
+        " ON c.oid = i.indexrelid WHERE i.indrelid = 'rota.job'::regclass"
+    ).fetchall()
+    assert all(r["indisvalid"] for r in rows) and not any("_cc" in r["relname"] for r in rows)
+    assert count(conn, "job", "done") == 100
+    # Packed now: the next run leaves them alone.
+    assert Archiver().run_once(conn, now=NOW).rebuilt == ()
+
+
+def test_no_rebuild_while_an_old_transaction_holds_a_snapshot(
+    conn: Conn, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _bloat(conn)
+    monkeypatch.setattr(archive, "REBUILD_QUIET_SECONDS", 0.0)
+    with psycopg.connect(db_url) as report:
+        report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM rota.job").fetchone()
+        result = Archiver().run_once(conn, now=NOW)  # would wait for `report` to end
+    assert result.rebuilt == ()
+    assert Archiver().run_once(conn, now=NOW).rebuilt != ()
+
+
+def test_what_an_interrupted_rebuild_left_is_dropped(conn: Conn) -> None:
+    conn.execute("CREATE INDEX job_pkey_ccnew ON rota.job (id)")
+    conn.execute(
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'rota.job_pkey_ccnew'::regclass"
+    )
+    Archiver().run_once(conn, now=NOW)
+    row = conn.execute("SELECT to_regclass('rota.job_pkey_ccnew') AS idx").fetchone()
+    assert row is not None and row["idx"] is None
