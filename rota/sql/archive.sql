@@ -94,9 +94,9 @@ SELECT count(*) AS moved FROM deleted
 -- each; vacuum frees them once it ends, but no index file shrinks (the table's
 -- does, from its end). A rebuild reads the table twice, so the pages it gives
 -- back must come to `table_share` of what the table's live rows fill at
--- least. Nothing is
--- returned while another transaction than this one is older than `quiet`
--- seconds: a rebuild would wait for it and keep what it still sees.
+-- least. Nothing is returned while another client transaction of the database
+-- is older than `quiet` seconds: a rebuild would wait for it and keep what it
+-- still sees.
 WITH busy AS (
     SELECT FROM pg_stat_activity
     WHERE pid <> pg_backend_pid() AND datname = current_database()
