@@ -158,12 +158,14 @@ class ClaimLoop:
         """Jobs the next claim may take: one per slot not running or spoken for (and
         a batch more while claiming ahead), *and* the attempts held (waiting, running,
         or finished with outcomes not yet written) stay under the cap, so a fast
-        queue never claims faster than it writes."""
+        queue never claims faster than it writes; one batch (the concurrency) at
+        most, so that while claiming ahead the batch ahead is left to the second
+        lane's claim, in flight beside the first's."""
         c = self.settings.concurrency
         ahead = c if self.claiming_ahead else 0
         asked = self._asked
         taken = self.active + len(self.waiting) + asked
-        return min(c + ahead - taken, self._cap() - len(self.leases) - asked)
+        return min(c + ahead - taken, self._cap() - len(self.leases) - asked, c)
 
     def _cap(self) -> int:
         """Most attempts held at once: twice the concurrency; while claiming ahead,
@@ -299,7 +301,7 @@ class ClaimLoop:
             if free <= 0:
                 await self._wait_for_a_slot()
                 continue
-            await self._claim(lane, min(free, self.settings.concurrency))
+            await self._claim(lane, free)
 
     async def _ready_to_claim(self, lane: Lane) -> bool:
         """Whether `lane` claims on this turn; if not, it has waited (or given back
