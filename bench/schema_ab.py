@@ -113,11 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---|---:|---:|---:|")
     for label, runs in drains.items():
         each = ", ".join(f"{d.rate:,.0f}" for d in runs)
-        server_cpu = statistics.median(1000 * (d.server_cpu_seconds or 0) / d.jobs for d in runs)
-        worker_cpu = statistics.median(
-            1000 * (d.worker_cpu_seconds or 0) / (d.worker_jobs or d.jobs) for d in runs
-        )
-        wal = statistics.median((d.wal_bytes or 0) / d.jobs for d in runs)
+        server_cpu = statistics.median(d.cpu_seconds_per_1000_jobs or 0.0 for d in runs)
+        worker_cpu = statistics.median(d.worker_cpu_seconds_per_1000_jobs or 0.0 for d in runs)
+        wal = statistics.median(d.wal_bytes_per_job or 0.0 for d in runs)
         print(
             f"| {label} | {statistics.median(d.rate for d in runs):,.0f} | {each} |"
             f" {server_cpu:.3f} | {worker_cpu:.3f} | {wal:,.0f} |"
