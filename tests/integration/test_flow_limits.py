@@ -3,10 +3,11 @@ concurrency, rates, fairness across groups, and claims that interleave."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -407,17 +408,27 @@ def test_an_outcome_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) ->
         assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
 
 
-def test_an_outcome_under_a_limit_that_held_nothing_back_wakes_nobody(db_url: str) -> None:
-    """A commit that notifies takes a lock of the whole cluster: outcomes under a
-    limit that gave every claim all it asked for send nothing, until a claim is
-    held back."""
+@contextlib.contextmanager
+def _ten_limited_jobs_heard(
+    db_url: str, concurrency: int
+) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
+    """Ten ready jobs of a type limited to `concurrency`, and a second connection
+    that listens for the wake of idle workers."""
     with (
         psycopg.connect(db_url, autocommit=True) as c,
         psycopg.connect(db_url, autocommit=True) as listener,
     ):
         rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(10)])
-        rota.set_limit(c, "payment", concurrency=4)  # shares 1, 1, 1, 1
+        rota.set_limit(c, "payment", concurrency=concurrency)
         listener.execute("LISTEN rota_jobs")
+        yield c, listener
+
+
+def test_an_outcome_under_a_limit_that_held_nothing_back_wakes_nobody(db_url: str) -> None:
+    """A commit that notifies takes a lock of the whole cluster: outcomes under a
+    limit that gave every claim all it asked for send nothing, until a claim is
+    held back."""
+    with _ten_limited_jobs_heard(db_url, concurrency=4) as (c, listener):  # shares 1, 1, 1, 1
         first = claim(c, "w", 1, 30)  # all it asked for
         finish(c, first)
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
@@ -428,13 +439,7 @@ def test_an_outcome_under_a_limit_that_held_nothing_back_wakes_nobody(db_url: st
 
 
 def test_a_claim_served_by_two_slots_was_not_held_back(db_url: str) -> None:
-    with (
-        psycopg.connect(db_url, autocommit=True) as c,
-        psycopg.connect(db_url, autocommit=True) as listener,
-    ):
-        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(10)])
-        rota.set_limit(c, "payment", concurrency=8)  # shares 2, 2, 2, 2
-        listener.execute("LISTEN rota_jobs")
+    with _ten_limited_jobs_heard(db_url, concurrency=8) as (c, listener):  # shares 2, 2, 2, 2
         jobs = claim(c, "w", 3, 30)  # a slot's 2 and another's 1: all it asked for
         assert len(jobs) == 3
         finish(c, jobs)
