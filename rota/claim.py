@@ -8,11 +8,12 @@ whose lease was taken away (reaped, then claimed by another) changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import operator
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, LiteralString, cast
 
@@ -194,7 +195,7 @@ def _keyed(
     (see `_KEYED`) and return its cursor, rows ready.
 
     On an idle autocommit connection the setting, the statement and the commit
-    travel in one round trip (pipeline mode); inside a transaction of the
+    travel in one round trip (see `_one_trip`); inside a transaction of the
     caller's, or on a connection that is not autocommit, the statement runs
     under the caller's own settings and transaction. The cursor binds its
     parameters on the server whatever the connection's own cursor class
@@ -205,13 +206,34 @@ def _keyed(
     if not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
         cur.execute(query, params, binary=binary)
         return cur
-    with conn.pipeline(), conn.transaction():
+    with _one_trip(conn):
         conn.execute(_KEYED)
         cur.execute(query, params, binary=binary)
     return cur
 
 
-_KEYED = b"SET LOCAL enable_seqscan = off"
+@contextlib.contextmanager
+def _one_trip(conn: Conn) -> Iterator[None]:
+    """The statements run in the block as one transaction, in one round trip.
+
+    On an idle autocommit connection: a pipeline whose statements run in the
+    implicit transaction that its one Sync ends, committed, or rolled back
+    when one of them fails (the ones after it are not run). psycopg's
+    `transaction()` in a pipeline waits for the answer to its BEGIN, its COMMIT
+    and the pipeline's end: four round trips where one does (an idle worker's
+    claim took 1.3 ms instead of 0.4; tests/integration/test_round_trips.py
+    counts them). Elsewhere: a pipeline in a transaction (a savepoint of the
+    caller's, when there is one).
+    """
+    if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        with conn.pipeline():
+            yield
+        return
+    with conn.pipeline(), conn.transaction():
+        yield
+
+
+_KEYED = b"SELECT set_config('enable_seqscan', 'off', true)"
 """The hot statements reach their rows through an index whatever the statistics say.
 
 psycopg prepares a statement on its sixth run, and PostgreSQL may keep its
@@ -221,7 +243,9 @@ whole table, cheapest at a hundred rows, and kept doing so as the table grew,
 until autovacuum's next ANALYZE (a claim went from 2 to 9 ms over 120,000
 rows; tests/integration/test_young_plans.py). `enable_seqscan = off` makes a
 sequential scan the last resort, never forbidden: a statement with no index to
-use still runs. SET LOCAL ends with the transaction."""
+use still runs. The setting is local: it ends with the transaction (written as
+set_config, which also holds in the implicit transaction of a pipeline, where
+SET LOCAL would warn that it is outside a transaction block)."""
 
 
 def _claim_query(types: Sequence[str] | None) -> LiteralString:
@@ -341,16 +365,15 @@ def write_and_claim(
 ) -> tuple[dict[tuple[int, int], Status], list[Job]]:
     """Write a batch of outcomes and claim up to `limit` jobs: one round trip, one commit.
 
-    Both statements travel together (pipeline mode) in one transaction, so a
-    batch's outcomes cost no commit of their own. Each outcome is still
+    Both statements travel together (pipeline mode, see `_one_trip`) in one
+    transaction, so a batch's outcomes cost no commit of their own. Each outcome is still
     conditional on its lease. Either both happen or neither: if the
     transaction fails, no outcome was written and the caller keeps them.
     """
     if not attempts and limit < 1:
         return {}, []
-    with errors_wrapped(), conn.pipeline(), conn.transaction():
-        conn.execute(_GENERIC_PLANS)
-        conn.execute(_KEYED)
+    with errors_wrapped(), _one_trip(conn):
+        conn.execute(_STEADY)
         written = None
         if attempts:
             written = conn.cursor(row_factory=tuple_row, binary=True)
@@ -368,16 +391,20 @@ def write_and_claim(
     return statuses, jobs
 
 
-_GENERIC_PLANS = b"SET LOCAL plan_cache_mode = force_generic_plan"
-"""The steady claim runs its generic plan, chosen, not left to PostgreSQL.
+_STEADY = (
+    b"SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
+    b" set_config('enable_seqscan', 'off', true)"
+)
+"""The steady claim runs its generic plan, chosen, not left to PostgreSQL (and
+reaches its rows through an index, see `_KEYED`).
 
 On a busy queue PostgreSQL keeps planning the claim for each call: the generic
 plan's estimate, made without the limit or the clock, is higher than a custom
 one's. Planning it costs about 0.3 ms a call, 3 us a job of a batch of 100, a
 tenth of the server's time per job; the generic plan walks the same index
 (tests/integration/test_plans.py). The outcome statement is keyed either way.
-SET LOCAL ends with the transaction: the session, pooled or not, keeps its own
-setting, and every other statement is planned as before."""
+Both settings are local, ending with the transaction: the session, pooled or
+not, keeps its own, and every other statement is planned as before."""
 
 
 def extend_leases(

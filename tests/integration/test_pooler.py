@@ -258,13 +258,23 @@ def test_an_idle_worker_finds_a_new_job_within_seconds(
 
 
 @pytest.mark.parametrize("bouncer", ["statement"], indirect=True)
-def test_statement_pooling_takes_an_enqueue_but_no_claim(
+def test_statement_pooling_takes_an_enqueue_and_a_claim_but_no_transaction_block(
     conn: psycopg.Connection[Any], bouncer: PgBouncer, db_url: str
 ) -> None:
-    with psycopg.connect(bouncer.url(db_url), autocommit=True) as pooled:
+    through = bouncer.url(db_url)
+    with psycopg.connect(through, autocommit=True, prepare_threshold=None) as pooled:
         job_id = rota.enqueue(pooled, "t")
         assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", job_id) == "ready"
+        # Its setting and the claim are one pipeline, one implicit transaction that
+        # ends at the pipeline's Sync: the pooler keeps them on one server connection.
+        _, [claimed] = claims.write_and_claim(pooled, "w", [], 1, 30)
+        assert claimed.id == job_id
+        assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", job_id) == "running"
+        # Several statements in a transaction block (a job unique while active
+        # takes its own statement beside the others) are refused.
         with pytest.raises(DatabaseUnavailable):
-            claims.write_and_claim(pooled, "w", [], 1, 30)
+            rota.enqueue_many(
+                pooled, [rota.NewJob("t"), rota.NewJob("t", key="u", unique_active=True)]
+            )
     assert "transaction blocks not allowed" in bouncer.output()
-    assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", job_id) == "ready"
+    assert scalar(conn, "SELECT count(*) FROM rota.job") == 1

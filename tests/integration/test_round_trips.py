@@ -2,7 +2,11 @@
 as the Sync messages psycopg sends (its libpq protocol trace). A single job
 whose key is already held takes a second one, to read the holder's id (the
 single-row INSERT returns nothing for it), as it always has; so does one whose
-key is unique for a window or while active."""
+key is unique for a window or while active.
+
+So is each of a worker's hot statements (a claim, outcomes with the next claim,
+a heartbeat, outcomes alone) with the setting that goes with it: one
+transaction, one round trip."""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ import psycopg
 import pytest
 
 import rota
+from rota import claim as claims
+from rota.claim import Attempt
+from rota.jobs import Outcome
 
 BATCH = [rota.NewJob("t", {"i": 1}), rota.NewJob("u", key="k", group="g")]
 
@@ -70,3 +77,43 @@ async def test_async_enqueues_are_one_round_trip_each(db_url: str) -> None:
             with round_trips(conn) as made:
                 await call()
             assert made == [trips]
+
+
+def test_a_workers_hot_statements_are_one_round_trip_each(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
+        with round_trips(conn) as made:
+            [first] = claims.claim(conn, "w", 1, 30)
+        assert made == [1]
+        done = [Attempt(first.id, first.attempts, Outcome.DONE)]
+        with round_trips(conn) as made:
+            written, [second] = claims.write_and_claim(conn, "w", done, 1, 30)
+        assert made == [1] and list(written) == [(first.id, 1)]
+        with round_trips(conn) as made:
+            [lease] = claims.extend_leases(conn, "w", {(second.id, 1)}, 30)
+        assert made == [1] and lease.job_id == second.id
+        with round_trips(conn) as made:
+            claims.write_outcomes(conn, "w", [Attempt(second.id, 1, Outcome.DONE)])
+        assert made == [1]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_failed_statement_of_a_round_trip_writes_nothing_and_leaves_no_setting(
+    db_url: str,
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        [job_id] = rota.enqueue_many(conn, [rota.NewJob("t")])
+        [held] = claims.claim(conn, "w", 1, 30)
+        rota.enqueue(conn, "t")
+        bad = Attempt(held.id, held.attempts, Outcome.DONE, error="\x00 is refused by text")
+        with pytest.raises(rota.DatabaseError):
+            claims.write_and_claim(conn, "w", [bad], 1, 30)
+        # Neither the outcome nor the claim happened: the implicit transaction rolled back.
+        status = conn.execute("SELECT status FROM rota.job WHERE id = %s", (job_id,)).fetchone()
+        ready = conn.execute("SELECT count(*) FROM rota.job WHERE status = 'ready'").fetchone()
+        assert status == ("running",) and ready == (1,)
+        settings = conn.execute(
+            "SELECT current_setting('enable_seqscan'), current_setting('plan_cache_mode')"
+        ).fetchone()
+        assert settings == ("on", "auto")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
