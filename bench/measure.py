@@ -105,6 +105,11 @@ class Latency:
     settings: str
     enqueue_p50_ms: float | None = None
     """How long the enqueue call itself took (its commit included), the median."""
+    after_return_p50_ms: float | None = None
+    """From the enqueue call's return (its commit acknowledged) to the start, the
+    median: the queue's own part of the delay, without the host's commit (fsync)
+    time. Below 0 when the job started before the acknowledgement reached the
+    client."""
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -114,18 +119,25 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
-def latency_from_file(path: Path, settings: str) -> Latency:
-    """Read the "enqueued started" lines that handlers appended (seconds, host clock)."""
+def latency_from_file(
+    path: Path, settings: str, returned: dict[float, float] | None = None
+) -> Latency:
+    """Read the "enqueued started" lines that handlers appended (seconds, host clock);
+    `returned` maps each job's enqueue time to when its enqueue call returned."""
     delays = []
+    after_return = []
     for line in path.read_text().splitlines():
         enqueued, started = (float(x) for x in line.split())
         delays.append((started - enqueued) * 1000)
+        if returned is not None and enqueued in returned:
+            after_return.append((started - returned[enqueued]) * 1000)
     return Latency(
         jobs=len(delays),
         p50_ms=percentile(delays, 0.5),
         p99_ms=percentile(delays, 0.99),
         max_ms=max(delays),
         settings=settings,
+        after_return_p50_ms=percentile(after_return, 0.5) if after_return else None,
     )
 
 
@@ -323,26 +335,28 @@ def timed_latency(
         _send_timed(send, warm, 5, gap)
         wait_until(lambda: _lines(warm) == 5, 60, "the worker to start")
         measured = workdir / "latency"
-        calls = _send_timed(send, measured, jobs, gap)
+        returned = _send_timed(send, measured, jobs, gap)
         wait_until(lambda: _lines(measured) == jobs, 60, "the latency jobs")
     finally:
         stop(workers)
-    enqueue_p50 = percentile(calls, 0.5)
+    enqueue_p50 = percentile([(end - began) * 1000 for began, end in returned.items()], 0.5)
     note = f"{settings}; the enqueue call alone: p50 {enqueue_p50:.2f} ms"
-    return dataclasses.replace(latency_from_file(measured, note), enqueue_p50_ms=enqueue_p50)
+    found = latency_from_file(measured, note, returned)
+    return dataclasses.replace(found, enqueue_p50_ms=enqueue_p50)
 
 
 def _send_timed(
     send: Callable[[dict[str, object]], None], path: Path, jobs: int, gap: float
-) -> list[float]:
-    """Send latency jobs; return how long each enqueue call took (ms)."""
-    durations = []
+) -> dict[float, float]:
+    """Send latency jobs; return when each enqueue call returned, by when it began
+    (the time its payload carries; host clock, seconds)."""
+    returned = {}
     for _ in range(jobs):
         began = time.time()
         send({"t": began, "path": str(path)})
-        durations.append((time.time() - began) * 1000)
+        returned[began] = time.time()
         time.sleep(gap)
-    return durations
+    return returned
 
 
 def _lines(path: Path) -> int:

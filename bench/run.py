@@ -244,6 +244,42 @@ def _field(key: str, attr: str) -> Extract:
     return values
 
 
+def _total_cpu(key: str) -> Extract:
+    """Per round: the server's and the workers' CPU seconds per 1,000 jobs, added."""
+
+    def values(found: dict[str, list[Any]]) -> list[float]:
+        out = []
+        for drain in found.get(key, []):
+            server, worker = drain.cpu_seconds_per_1000_jobs, drain.worker_cpu_seconds_per_1000_jobs
+            if server is not None and worker is not None:
+                out.append(server + worker)
+        return out
+
+    return values
+
+
+def _cores_busy(key: str) -> Extract:
+    """Per round: the cores the drain kept busy (server and workers): its rate times its
+    total CPU per job."""
+
+    def values(found: dict[str, list[Any]]) -> list[float]:
+        totals = _total_cpu(key)(found)
+        return [d.rate * t / 1000 for d, t in zip(found.get(key, []), totals, strict=False)]
+
+    return values
+
+
+def _ceiling(key: str) -> Extract:
+    """Per round: the fastest drain this machine's cores allow at the round's total CPU
+    per job, were they all busy with it and nothing else (jobs/s)."""
+
+    def values(found: dict[str, list[Any]]) -> list[float]:
+        cores = os.cpu_count() or 1
+        return [cores * 1000 / t for t in _total_cpu(key)(found) if t > 0]
+
+    return values
+
+
 def _drain_ratio(processes: int, variant: str) -> Extract:
     """Per round: a variant of the drain (beside the done rows, under a limit) over
     the plain drain on an empty table."""
@@ -298,6 +334,34 @@ METRICS = [
         False,
         3,
     ),
+    Metric("total_cpu1", "total CPU s per 1,000 jobs, 1 process", _total_cpu("drain1"), False, 3),
+    Metric("total_cpu2", "total CPU s per 1,000 jobs, 2 processes", _total_cpu("drain2"), False, 3),
+    Metric(
+        "cores1",
+        "  cores busy (rate x total CPU per job), 1 process",
+        _cores_busy("drain1"),
+        False,
+        2,
+    ),
+    Metric(
+        "cores2",
+        "  cores busy (rate x total CPU per job), 2 processes",
+        _cores_busy("drain2"),
+        False,
+        2,
+    ),
+    Metric(
+        "ceiling1",
+        "  the cores' ceiling at that CPU per job, 1 process (jobs/s)",
+        _ceiling("drain1"),
+        True,
+    ),
+    Metric(
+        "ceiling2",
+        "  the cores' ceiling at that CPU per job, 2 processes (jobs/s)",
+        _ceiling("drain2"),
+        True,
+    ),
     Metric("wal1", "WAL bytes per job, 1 process", _field("drain1", "wal_bytes_per_job"), False),
     Metric("wal2", "WAL bytes per job, 2 processes", _field("drain2", "wal_bytes_per_job"), False),
     Metric(
@@ -332,6 +396,20 @@ METRICS = [
     ),
     Metric("p50", "enqueue-to-start p50 (ms)", _field("latency", "p50_ms"), False, 1),
     Metric("p99", "enqueue-to-start p99 (ms)", _field("latency", "p99_ms"), False, 1),
+    Metric(
+        "enqueue_call_p50",
+        "  the enqueue call (its commit) alone, p50 (ms)",
+        _field("latency", "enqueue_p50_ms"),
+        False,
+        2,
+    ),
+    Metric(
+        "after_return_p50",
+        "  from the enqueue call's return to the start, p50 (ms)",
+        _field("latency", "after_return_p50_ms"),
+        False,
+        2,
+    ),
     Metric(
         "drain1_done",
         "drain beside the done rows, 1 process (jobs/s)",
@@ -414,6 +492,8 @@ GOALS = [
     Goal("drain, 2 processes", "drain2", 2.0, "ratio>="),
     Goal("server CPU per job, 1 process", "cpu1", 0.6, "ratio<="),
     Goal("server CPU per job, 2 processes", "cpu2", 0.6, "ratio<="),
+    Goal("total CPU per job (server + workers), 1 process", "total_cpu1", 0.6, "ratio<="),
+    Goal("total CPU per job (server + workers), 2 processes", "total_cpu2", 0.6, "ratio<="),
     Goal("WAL per job, 1 process", "wal1", 0.7, "ratio<="),
     Goal("WAL per job, 2 processes", "wal2", 0.7, "ratio<="),
     Goal("commits per job, 1 process (no goal)", "commits1", 0.0, "ratio"),
