@@ -25,7 +25,7 @@ from rota.lookup import get_job
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
-_TEXT = st.text(st.characters(blacklist_characters="\x00"))  # jsonb refuses \u0000
+_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"))  # jsonb: no \u0000
 _JSON = st.recursive(
     st.none()
     | st.booleans()
