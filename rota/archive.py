@@ -19,8 +19,10 @@ ready or running jobs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -135,6 +137,8 @@ class ArchiveResult:
     """Keys of unique_for deleted, their window passed (rota.job_unique_key)."""
     rebuilt: tuple[str, ...] = ()
     """Indexes of rota.job rebuilt, bloated."""
+    vacuumed: bool = False
+    """rota.job vacuumed, its file far past what its rows need (see `vacuum_bloated_table`)."""
 
     @property
     def count(self) -> int:
@@ -147,6 +151,7 @@ class ArchiveResult:
             f" deleted {self.deleted} archived jobs"
             + (f" and {self.keys} expired unique keys" if self.keys else "")
             + ("; more waiting" if self.capped else "")
+            + ("; vacuumed the bloated table" if self.vacuumed else "")
             + (f"; rebuilt the bloated indexes {', '.join(self.rebuilt)}" if self.rebuilt else "")
         )
 
@@ -192,6 +197,10 @@ class Archiver(Service):
                     if count < s.batch_size:
                         break
             keys, keys_capped = self._expired_keys(conn, now)
+            # The rows just archived may have been the last at the table's end:
+            # vacuum then gives the end back, and counts the entries the
+            # rebuild's choice reads.
+            vacuumed = s.rebuild_bloated_indexes and vacuum_bloated_table(conn)
             rebuilt = rebuild_bloated_indexes(conn) if s.rebuild_bloated_indexes else ()
         return ArchiveResult(
             counts[0],
@@ -201,6 +210,7 @@ class Archiver(Service):
             deleted=counts[2],
             keys=keys,
             rebuilt=rebuilt,
+            vacuumed=vacuumed,
         )
 
     def _expired_keys(self, conn: Conn, now: datetime | None) -> tuple[int, bool]:
@@ -233,6 +243,74 @@ REBUILD_QUIET_SECONDS = 10.0
 rebuild waits for every transaction older than itself, as long as the lock
 timeout below lets it."""
 REBUILD_TIMEOUTS = {"statement_timeout": "10min", "lock_timeout": "10s"}
+VACUUM_FACTOR = 4
+"""rota.job is vacuumed by the archive when its file is past this many times the
+pages its live rows fill (and REBUILD_MIN_PAGES more)."""
+
+
+@contextlib.contextmanager
+def _maintenance_timeouts(conn: Conn) -> Iterator[None]:
+    """REBUILD_TIMEOUTS on `conn` inside the block, its own settings again after."""
+    saved = {
+        name: fetch_all(conn, "SELECT current_setting(%(name)s) AS value", {"name": name})[0][
+            "value"
+        ]
+        for name in REBUILD_TIMEOUTS
+    }
+    try:
+        for name, value in REBUILD_TIMEOUTS.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        yield
+    finally:
+        for name, value in saved.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+
+def _quiet(conn: Conn) -> bool:
+    """No other client transaction of the database is older than REBUILD_QUIET_SECONDS."""
+    rows = fetch_all(conn, sql.query("old_transactions"), {"quiet": REBUILD_QUIET_SECONDS})
+    return not rows[0]["old"]
+
+
+def vacuum_bloated_table(conn: Conn) -> bool:
+    """VACUUM rota.job when its file is far larger than its live rows need, as a long
+    transaction leaves it: whether it did.
+
+    Vacuum gives back the pages at a table's end once no row is left there.
+    After a long transaction the table grew at its end, and the jobs written
+    there last leave it only as the archive moves them: right after this run
+    moved them, a vacuum can cut the end off, where autovacuum, coming when
+    enough rows changed, may come while new rows still sit there. Under
+    VACUUM_FACTOR the table is left to autovacuum. Skipped as the rebuild is:
+    inside a transaction, while another transaction of the database is older
+    than REBUILD_QUIET_SECONDS (vacuum could remove nothing it still sees), and
+    (logged) when the role may not or the database refuses it in time.
+    """
+    if not conn.autocommit:
+        return False
+    try:
+        with _maintenance_timeouts(conn):
+            if not _quiet(conn):
+                return False
+            rows = fetch_all(
+                conn,
+                sql.query("bloated_job_table"),
+                {"factor": VACUUM_FACTOR, "min_pages": REBUILD_MIN_PAGES},
+            )
+            if not rows:
+                return False
+            conn.execute("VACUUM rota.job")
+            pages = fetch_all(conn, sql.query("job_table_pages"), {})[0]["pages"]
+            log.info(
+                "vacuumed rota.job: %d pages for rows that fill about %d; %d pages now",
+                rows[0]["pages"], rows[0]["needed"], pages,
+            )  # fmt: skip
+            return True
+    except psycopg.errors.InsufficientPrivilege:
+        log.info("the bloated rota.job not vacuumed: the role may not (it needs to own it)")
+    except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+        log.warning("a vacuum of rota.job gave up, tried again next run: %s", exc)
+    return False
 
 
 def rebuild_bloated_indexes(conn: Conn) -> tuple[str, ...]:
@@ -249,50 +327,41 @@ def rebuild_bloated_indexes(conn: Conn) -> tuple[str, ...]:
     if not conn.autocommit:
         return ()
     rebuilt: list[str] = []
-    saved = {
-        name: fetch_all(conn, "SELECT current_setting(%(name)s) AS value", {"name": name})[0][
-            "value"
-        ]
-        for name in REBUILD_TIMEOUTS
-    }
     try:
-        for name, value in REBUILD_TIMEOUTS.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-        for row in fetch_all(conn, sql.query("leftover_job_index_builds"), {}):
-            conn.execute(
-                psycopg_sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS rota.{}").format(
-                    psycopg_sql.Identifier(row["name"])
+        with _maintenance_timeouts(conn):
+            for row in fetch_all(conn, sql.query("leftover_job_index_builds"), {}):
+                conn.execute(
+                    psycopg_sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS rota.{}").format(
+                        psycopg_sql.Identifier(row["name"])
+                    )
                 )
+                log.info("dropped %s, left by an interrupted index rebuild", row["name"])
+            if not _quiet(conn):
+                return ()
+            bloated = fetch_all(
+                conn,
+                sql.query("bloated_job_indexes"),
+                {
+                    "factor": REBUILD_FACTOR,
+                    "min_pages": REBUILD_MIN_PAGES,
+                    "table_share": REBUILD_TABLE_SHARE,
+                },
             )
-            log.info("dropped %s, left by an interrupted index rebuild", row["name"])
-        bloated = fetch_all(
-            conn,
-            sql.query("bloated_job_indexes"),
-            {
-                "factor": REBUILD_FACTOR,
-                "min_pages": REBUILD_MIN_PAGES,
-                "table_share": REBUILD_TABLE_SHARE,
-                "quiet": REBUILD_QUIET_SECONDS,
-            },
-        )
-        for row in bloated:
-            conn.execute(
-                psycopg_sql.SQL("REINDEX INDEX CONCURRENTLY rota.{}").format(
-                    psycopg_sql.Identifier(row["name"])
+            for row in bloated:
+                conn.execute(
+                    psycopg_sql.SQL("REINDEX INDEX CONCURRENTLY rota.{}").format(
+                        psycopg_sql.Identifier(row["name"])
+                    )
                 )
-            )
-            rebuilt.append(row["name"])
-            log.info(
-                "rebuilt %s: %d pages for %d entries (about %d packed)",
-                row["name"], row["pages"], row["entries"], row["packed"],
-            )  # fmt: skip
+                rebuilt.append(row["name"])
+                log.info(
+                    "rebuilt %s: %d pages for %d entries (about %d packed)",
+                    row["name"], row["pages"], row["entries"], row["packed"],
+                )  # fmt: skip
     except psycopg.errors.InsufficientPrivilege:
         log.info("bloated indexes of rota.job not rebuilt: the role may not (it needs to own it)")
     except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
         log.warning("an index rebuild of rota.job gave up, tried again next run: %s", exc)
-    finally:
-        for name, value in saved.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
     return tuple(rebuilt)
 
 

@@ -86,6 +86,44 @@ deleted AS (
 )
 SELECT count(*) AS moved FROM deleted
 
+-- name: old_transactions
+-- Client transactions of this database older than `quiet` seconds that hold a
+-- snapshot or an xid (and prepared ones): while one is open, vacuum may remove
+-- no version it might still read, and a rebuild would wait for it and keep what
+-- it still sees.
+SELECT count(*) AS old FROM (
+    SELECT FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid() AND datname = current_database()
+      AND backend_type = 'client backend'  -- a vacuum's snapshot holds back nothing
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+      AND xact_start < clock_timestamp() - make_interval(secs => %(quiet)s)
+    UNION ALL
+    SELECT FROM pg_prepared_xacts WHERE database = current_database()
+) AS old
+
+-- name: bloated_job_table
+-- rota.job's file when it is more than `factor` times (and `min_pages` more
+-- than) the pages its live rows fill (rows counted by the last vacuum or
+-- analyze, their width from the column statistics).
+WITH live AS (
+    SELECT ceil(greatest(0, t.reltuples) * (24 + coalesce(sum(s.avg_width), 100))
+                / current_setting('block_size')::int)::bigint AS pages
+    FROM pg_class AS t
+    LEFT JOIN pg_stats AS s ON s.schemaname = 'rota' AND s.tablename = 'job'
+    WHERE t.oid = 'rota.job'::regclass
+    GROUP BY t.reltuples
+),
+file AS (
+    SELECT pg_relation_size('rota.job'::regclass) / current_setting('block_size')::int AS pages
+)
+SELECT file.pages, live.pages AS needed
+FROM file, live
+WHERE file.pages > %(factor)s * live.pages
+  AND file.pages - live.pages >= %(min_pages)s
+
+-- name: job_table_pages
+SELECT pg_relation_size('rota.job'::regclass) / current_setting('block_size')::int AS pages
+
 -- name: bloated_job_indexes
 -- The B-tree indexes of rota.job much larger than their entries need: pages
 -- past `factor` times what the entries (reltuples, counted by the last
@@ -94,19 +132,9 @@ SELECT count(*) AS moved FROM deleted
 -- each; vacuum frees them once it ends, but no index file shrinks (the table's
 -- does, from its end). A rebuild reads the table twice, so the pages it gives
 -- back must come to `table_share` of what the table's live rows fill at
--- least. Nothing is returned while another client transaction of the database
--- is older than `quiet` seconds: a rebuild would wait for it and keep what it
--- still sees.
-WITH busy AS (
-    SELECT FROM pg_stat_activity
-    WHERE pid <> pg_backend_pid() AND datname = current_database()
-      AND backend_type = 'client backend'  -- a vacuum's snapshot holds back nothing
-      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
-      AND xact_start < clock_timestamp() - make_interval(secs => %(quiet)s)
-    UNION ALL
-    SELECT FROM pg_prepared_xacts WHERE database = current_database()
-),
-indexes AS (
+-- least. The caller first makes sure no old transaction is open
+-- (old_transactions).
+WITH indexes AS (
     SELECT c.oid, c.relname, c.reltuples, i.indrelid, i.indkey,
            pg_relation_size(c.oid) / current_setting('block_size')::int AS pages
     FROM pg_index AS i
@@ -136,7 +164,6 @@ WHERE x.reltuples >= 0
       LEFT JOIN pg_stats AS s ON s.schemaname = 'rota' AND s.tablename = 'job'
       WHERE t.oid = 'rota.job'::regclass
       GROUP BY t.reltuples)
-  AND NOT EXISTS (SELECT FROM busy)
 ORDER BY x.pages DESC
 
 -- name: leftover_job_index_builds

@@ -350,3 +350,53 @@ def test_what_an_interrupted_rebuild_left_is_dropped(conn: Conn) -> None:
     Archiver().run_once(conn, now=NOW)
     row = conn.execute("SELECT to_regclass('rota.job_pkey_ccnew') AS idx").fetchone()
     assert row is not None and row["idx"] is None
+
+
+def _table_pages(conn: Conn) -> int:
+    return _index_pages(conn, "rota.job")
+
+
+def _grown_at_its_end(conn: Conn) -> None:
+    """A table a long transaction left grown: its newest rows kept (at its start),
+    the many jobs after them (at its end) archived since, the file as large."""
+    conn.execute("ALTER TABLE rota.job SET (autovacuum_enabled = false)")  # this test's vacuum
+    finished(conn, "done", timedelta(hours=1), count=100)
+    finished(conn, "done", timedelta(days=8), count=50_000)
+    conn.execute("ANALYZE rota.job")
+    off = ArchiveSettings(max_batches=1000, rebuild_bloated_indexes=False)
+    assert Archiver(off).run_once(conn, now=NOW).done == 50_000
+    conn.execute("ANALYZE rota.job")
+
+
+def test_the_archiver_vacuums_a_table_grown_far_past_its_rows_so_its_end_is_given_back(
+    conn: Conn,
+) -> None:
+    _grown_at_its_end(conn)
+    before = _table_pages(conn)
+    assert before > 2 * archive.REBUILD_MIN_PAGES
+    result = Archiver().run_once(conn, now=NOW)
+    assert result.vacuumed and "vacuumed the bloated table" in str(result)
+    assert _table_pages(conn) < before / 20
+    assert count(conn, "job", "done") == 100
+    # Its file fits its rows now: the next run leaves it to autovacuum.
+    assert not Archiver().run_once(conn, now=NOW).vacuumed
+
+
+def test_no_vacuum_while_an_old_transaction_holds_a_snapshot(
+    conn: Conn, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _grown_at_its_end(conn)
+    before = _table_pages(conn)
+    monkeypatch.setattr(archive, "REBUILD_QUIET_SECONDS", 0.0)
+    with psycopg.connect(db_url) as report:
+        report.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM rota.job").fetchone()
+        result = Archiver().run_once(conn, now=NOW)
+    assert not result.vacuumed and _table_pages(conn) == before
+    assert Archiver().run_once(conn, now=NOW).vacuumed
+
+
+def test_no_vacuum_with_the_setting_off(conn: Conn) -> None:
+    _grown_at_its_end(conn)
+    off = ArchiveSettings(rebuild_bloated_indexes=False)
+    assert not Archiver(off).run_once(conn, now=NOW).vacuumed
