@@ -302,7 +302,7 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     assert "CET" in nightly.inner_text() or "CEST" in nightly.inner_text()
     archiver = page.inner_text(".archive-settings")  # the built-in rota/archive schedule
     assert "7d after they finish" in archiver and "archived rows are kept" in archiver
-    assert "Rebuilds the bloated indexes of rota.job" in archiver
+    assert "Vacuums rota.job and rebuilds its indexes when a long transaction" in archiver
     page.screenshot(path=str(shots / "console-schedules.png"), full_page=True)
 
     # Pause a type; Types tells a type no worker serves.
