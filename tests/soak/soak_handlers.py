@@ -5,7 +5,9 @@ completion commit in one transaction of the handler's own (`rota.complete`).
 A late finisher (its lease taken away while it ran, its timeout passed, or its
 job cancelled) has its completion refused, rolls its effect back, and leaves a
 note in `soak_refused` instead. Every attempt that starts says so first, in
-`soak_started` (a job claimed ahead may be held and given back unstarted).
+`soak_started` (a job claimed ahead may be held and given back unstarted). One
+whose completion the server's restart cut off notes that in the file named by
+ROTA_SOAK_INTERRUPTED (the database is away), when it is set.
 
 `failover.run` has no transaction to protect it: it appends one line per run to
 the file named by ROTA_RUNS_LOG, which survives a database failover, so the
@@ -21,6 +23,7 @@ import time
 import psycopg
 
 import rota
+from rota.errors import DatabaseUnavailable
 
 DSN = os.environ.get("ROTA_DATABASE_URL", "")
 
@@ -68,6 +71,20 @@ def effect_once(job: rota.Job) -> None:
             (job.id, job.locked_by, job.attempts),
         )
         raise RuntimeError("lease lost: effect rolled back") from None
+    except (psycopg.OperationalError, DatabaseUnavailable):
+        _note_interrupted(job)
+        raise
+
+
+def _note_interrupted(job: rota.Job) -> None:
+    """The completion never reached the database: say so where it survives that."""
+    path = os.environ.get("ROTA_SOAK_INTERRUPTED")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{job.id} {job.locked_by} {job.attempts}\n".encode())
+        finally:
+            os.close(fd)
 
 
 @rota.handler("soak.noop")
