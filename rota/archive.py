@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -292,18 +293,18 @@ def vacuum_bloated_table(conn: Conn) -> bool:
         with _maintenance_timeouts(conn):
             if not _quiet(conn):
                 return False
-            rows = fetch_all(
-                conn,
-                sql.query("bloated_job_table"),
-                {"factor": VACUUM_FACTOR, "min_pages": REBUILD_MIN_PAGES},
+            pages = fetch_all(conn, sql.query("job_pages"), {})[0]
+            live = math.ceil(pages["live"])
+            bloated = (
+                pages["file"] > VACUUM_FACTOR * live and pages["file"] - live >= REBUILD_MIN_PAGES
             )
-            if not rows:
+            if not (pages["owned"] and bloated):
                 return False
             conn.execute("VACUUM rota.job")
-            pages = fetch_all(conn, sql.query("job_table_pages"), {})[0]["pages"]
+            after = fetch_all(conn, sql.query("job_pages"), {})[0]["file"]
             log.info(
                 "vacuumed rota.job: %d pages for rows that fill about %d; %d pages now",
-                rows[0]["pages"], rows[0]["needed"], pages,
+                pages["file"], live, after,
             )  # fmt: skip
             return True
     except psycopg.errors.InsufficientPrivilege:
@@ -345,6 +346,7 @@ def rebuild_bloated_indexes(conn: Conn) -> tuple[str, ...]:
                     "factor": REBUILD_FACTOR,
                     "min_pages": REBUILD_MIN_PAGES,
                     "table_share": REBUILD_TABLE_SHARE,
+                    "live_pages": fetch_all(conn, sql.query("job_pages"), {})[0]["live"],
                 },
             )
             for row in bloated:

@@ -101,30 +101,19 @@ SELECT count(*) AS old FROM (
     SELECT FROM pg_prepared_xacts WHERE database = current_database()
 ) AS old
 
--- name: bloated_job_table
--- rota.job's file when it is more than `factor` times (and `min_pages` more
--- than) the pages its live rows fill (rows counted by the last vacuum or
--- analyze, their width from the column statistics), and the role may vacuum
--- it (it owns it: another role's VACUUM only warns that it skips the table).
-WITH live AS (
-    SELECT ceil(greatest(0, t.reltuples) * (24 + coalesce(sum(s.avg_width), 100))
-                / current_setting('block_size')::int)::bigint AS pages
-    FROM pg_class AS t
-    LEFT JOIN pg_stats AS s ON s.schemaname = 'rota' AND s.tablename = 'job'
-    WHERE t.oid = 'rota.job'::regclass
-    GROUP BY t.reltuples
-),
-file AS (
-    SELECT pg_relation_size('rota.job'::regclass) / current_setting('block_size')::int AS pages
-)
-SELECT file.pages, live.pages AS needed
-FROM file, live
-WHERE file.pages > %(factor)s * live.pages
-  AND file.pages - live.pages >= %(min_pages)s
-  AND pg_has_role((SELECT relowner FROM pg_class WHERE oid = 'rota.job'::regclass), 'MEMBER')
-
--- name: job_table_pages
-SELECT pg_relation_size('rota.job'::regclass) / current_setting('block_size')::int AS pages
+-- name: job_pages
+-- rota.job's file in pages; the pages its live rows fill (rows counted by the
+-- last vacuum or analyze, their width from the column statistics), however
+-- large its file still is; and whether this role owns it (another role's
+-- VACUUM only warns that it skips the table).
+SELECT pg_relation_size(t.oid) / current_setting('block_size')::int AS file,
+       greatest(0, t.reltuples) * (24 + coalesce(sum(s.avg_width), 100))
+           / current_setting('block_size')::int AS live,
+       pg_has_role(t.relowner, 'MEMBER') AS owned
+FROM pg_class AS t
+LEFT JOIN pg_stats AS s ON s.schemaname = 'rota' AND s.tablename = 'job'
+WHERE t.oid = 'rota.job'::regclass
+GROUP BY t.oid, t.reltuples, t.relowner
 
 -- name: bloated_job_indexes
 -- The B-tree indexes of rota.job much larger than their entries need: pages
@@ -133,9 +122,9 @@ SELECT pg_relation_size('rota.job'::regclass) / current_setting('block_size')::i
 -- keeps every version of every job alive and each index takes an entry for
 -- each; vacuum frees them once it ends, but no index file shrinks (the table's
 -- does, from its end). A rebuild reads the table twice, so the pages it gives
--- back must come to `table_share` of what the table's live rows fill at
--- least. The caller first makes sure no old transaction is open
--- (old_transactions).
+-- back must come to `table_share` of `live_pages`, what the table's live rows
+-- fill (job_pages), at least. The caller first makes sure no old transaction
+-- is open (old_transactions).
 WITH indexes AS (
     SELECT c.oid, c.relname, c.reltuples, i.indrelid, i.indkey,
            pg_relation_size(c.oid) / current_setting('block_size')::int AS pages
@@ -157,15 +146,7 @@ CROSS JOIN LATERAL (
 WHERE x.reltuples >= 0
   AND x.pages >= %(min_pages)s
   AND x.pages > %(factor)s * packed.pages
-  AND x.pages - packed.pages >= %(table_share)s * (
-      -- the pages the table's live rows fill (rows counted by the last vacuum
-      -- or analyze), however large its file still is
-      SELECT greatest(0, t.reltuples) * (24 + coalesce(sum(s.avg_width), 100))
-             / current_setting('block_size')::int
-      FROM pg_class AS t
-      LEFT JOIN pg_stats AS s ON s.schemaname = 'rota' AND s.tablename = 'job'
-      WHERE t.oid = 'rota.job'::regclass
-      GROUP BY t.reltuples)
+  AND x.pages - packed.pages >= %(table_share)s * %(live_pages)s  -- from job_pages
 ORDER BY x.pages DESC
 
 -- name: leftover_job_index_builds
