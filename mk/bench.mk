@@ -13,6 +13,7 @@
 BENCH_PYTHON ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) python3.13 \
   $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12 $(PYTHON); do \
   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+BENCH_PYTHON := $(BENCH_PYTHON)
 BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin
 BENCH_STAMP := $(BENCH_VENV)/.installed-$(shell echo '$(BENCH_PYTHON)' | cat - pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
