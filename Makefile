@@ -12,6 +12,16 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
+# $(call first_python,MINOR,MORE): the first interpreter that really runs and is
+# 3.MINOR or later, of Python 3.13, then 3.12 (pyenv's versions before the PATH's:
+# a pyenv shim exists for every installed version but fails unless that version
+# is selected), then MORE; empty when none is. Used with `?=` and then `:=`, it
+# runs once per make run.
+NEWER_PYTHONS := $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) python3.13 \
+  $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12
+first_python = $(shell for p in $(NEWER_PYTHONS) $(2); do \
+  $$p -c 'import sys; sys.exit(sys.version_info < (3, $(1)))' 2>/dev/null && { echo $$p; break; }; done)
+
 # $(call debian_tool,COMMAND,PACKAGE,APT OPTIONS,TESTS): install Debian's PACKAGE
 # unless COMMAND is found (on the PATH or in /usr/sbin, off a user's PATH), else
 # say which TESTS will be skipped. shellcheck checks the kind script, Chromium

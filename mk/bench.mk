@@ -8,11 +8,8 @@
 # when this machine has it, else 3.12, else the main suite's. On 3.12+ Rota's
 # worker runs its event loop with asyncio's eager task factory (WorkerSettings
 # .eager_tasks). BENCH_PYTHON=python3.11 measures another one; the header of
-# each report names the interpreter. The first candidate that really runs: a
-# pyenv shim exists for every installed version but fails unless selected.
-BENCH_PYTHON ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) python3.13 \
-  $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12 $(PYTHON); do \
-  $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+# each report names the interpreter.
+BENCH_PYTHON ?= $(call first_python,11,$(PYTHON))
 BENCH_PYTHON := $(BENCH_PYTHON)
 BENCH_VENV := .venv-bench
 BENCH_BIN := $(BENCH_VENV)/bin

@@ -1,11 +1,7 @@
 # The Django 6 tasks backend (rota.contrib.django) and examples/django, tested
 # under Python 3.12+ in a virtualenv of their own (.venv-django), beside the
 # main suite's Python. Included by the main Makefile (`-include mk/*.mk`).
-# The first candidate that really runs and is 3.12+: a pyenv shim exists for
-# every installed version but fails unless that version is selected.
-DJANGO_PYTHON ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) python3.13 \
-  $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12; do \
-  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
+DJANGO_PYTHON ?= $(call first_python,12)
 DJANGO_VENV := .venv-django
 DJANGO_STAMP := $(DJANGO_VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
