@@ -44,7 +44,15 @@ import psycopg
 from psycopg import sql as pgsql
 
 from bench import rota_bench
-from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
+from bench.measure import (
+    Drain,
+    Latency,
+    record_start,
+    spawn,
+    take_turns,
+    timed_drain,
+    timed_latency,
+)
 from bench.peers import PgQueuerUvloop, available
 from bench.run import Plan
 from bench.server import Server
@@ -422,15 +430,7 @@ def drains(
         setups["pgqueuer-uvloop"] = lambda p: PgQueuerUvloop(new_database("pgq_uv")).drain(
             jobs, p, server
         )
-    found: dict[str, dict[int, list[Drain]]] = {name: {1: [], 2: []} for name in setups}
-    names = list(setups)
-    for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            for processes in (1, 2):
-                say(f"round {round_ + 1}: {name}, {processes} process(es)")
-                found[name][processes].append(setups[name](processes))
-    return found
+    return take_turns(setups, rounds, say)
 
 
 def drain_table(found: dict[str, dict[int, list[Drain]]]) -> str:

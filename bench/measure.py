@@ -284,6 +284,22 @@ def timed_drain(
     )
 
 
+def take_turns(
+    setups: dict[str, Callable[[int], Drain]], rounds: int, say: Callable[[str], None]
+) -> dict[str, dict[int, list[Drain]]]:
+    """Drain each setup with 1 and 2 processes, every round; each round starts
+    with another setup, so that none always runs first (or last) on the server."""
+    found: dict[str, dict[int, list[Drain]]] = {name: {1: [], 2: []} for name in setups}
+    names = list(setups)
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            for processes in (1, 2):
+                say(f"round {round_ + 1}: {name}, {processes} process(es)")
+                found[name][processes].append(setups[name](processes))
+    return found
+
+
 def vacuum(dsn: str) -> None:
     """VACUUM and ANALYZE every table of a database, the catalogs included, so that
     autovacuum finds nothing left to do there: neither dead rows nor changes to

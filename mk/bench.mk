@@ -17,6 +17,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed-$(shell echo '$(BENCH_PYTHON)' | cat - p
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 CHURN_ARGS ?=
+FLOOR_ARGS ?=
 
 $(BENCH_STAMP): pyproject.toml constraints.txt
 	@test -n "$(BENCH_PYTHON)" || { echo "no Python 3.11+ found for the benchmark: set BENCH_PYTHON"; exit 1; }
@@ -36,6 +37,10 @@ bench-findings: $(BENCH_STAMP) ## the plan and round-trip experiments behind ben
 	mkdir -p bench/results
 	$(BENCH_BIN)/python -m bench.findings --json bench/results/findings.json
 
+bench-floor: $(BENCH_STAMP) ## the least a PostgreSQL queue makes the server spend per job, beside Rota and pgqueuer (about 2 minutes; FLOOR_ARGS="--rounds 3")
+	mkdir -p bench/results
+	$(BENCH_BIN)/python -m bench.floor --json bench/results/floor.json $(FLOOR_ARGS)
+
 soak-load: $(STAMP) ## steady enqueue and drain for 20 minutes with archiving on, sampled every 30 s (SOAK_ARGS="--minutes 5")
 	mkdir -p bench/results
 	$(BIN)/python -m bench.soak_load --json bench/results/soak-load.json $(SOAK_ARGS)
@@ -44,4 +49,4 @@ bench-churn: $(BENCH_STAMP) ## Rota and pgqueuer under churn, with a REPEATABLE 
 	mkdir -p bench/results
 	$(BENCH_BIN)/python -m bench.churn --json bench/results/churn.json $(CHURN_ARGS)
 
-.PHONY: bench bench-churn bench-findings soak-load
+.PHONY: bench bench-churn bench-findings bench-floor soak-load

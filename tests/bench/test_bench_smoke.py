@@ -251,3 +251,18 @@ def test_a_schema_variant_without_a_label_or_sql_is_refused(variant: str) -> Non
         timeout=60,
     )
     assert done.returncode == 2 and "--variant wants LABEL=SQL" in done.stderr
+
+
+def test_floor_shapes_drain_beside_the_worker(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    printed = run_module("bench.floor", "--rounds", "1", "--jobs", "300", "--json", str(out))
+    drains = json.loads(out.read_text())["drains"]
+    assert set(drains) >= {
+        "Rota's worker", "one write", "claim, delete", "claim, mark done",
+        "claim, mark done, on Rota's table",
+    }  # fmt: skip
+    for name, by_processes in drains.items():
+        for processes in ("1", "2"):
+            (drain,) = by_processes[processes]
+            assert drain["rate"] > 0 and drain["server_cpu_seconds"] >= 0, (name, processes)
+    assert "| claim, mark done, on Rota's table | 2 |" in printed

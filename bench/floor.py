@@ -1,0 +1,312 @@
+"""`python -m bench.floor`: the least a PostgreSQL queue can make the server spend
+per job, beside Rota and pgqueuer, in one run on one durable server.
+
+Each shape is a loop with no handler and no Python per job beyond reading the
+claimed rows, on a table of the fewest columns a queue needs and one partial
+index (the ready rows, in run order); its jobs are enqueued before the drain,
+20,000 at a time, as for every queue of `make bench`:
+
+- `one write`: a job taken by deleting its row (`DELETE ... RETURNING` over
+  `FOR UPDATE SKIP LOCKED`). A job lost with its worker is lost: at most once,
+  the floor of any queue that writes anything per job.
+- `claim, delete`: a claim that marks the row taken (worker, lease), then the
+  row deleted when the job ends; the outcomes of one batch and the next claim
+  in one round trip and one commit. The least an at-least-once queue writes
+  (a taken job must be found again if its worker dies): pgqueuer's shape,
+  without its log table.
+- `claim, mark done`: the same, with the row kept and marked done, as
+  Rota keeps one row per job.
+- `claim, mark done, on Rota's table`: those two statements on the table
+  `rota migrate` makes (its columns, indexes, triggers and checks), so that
+  what Rota's table costs and what its statements add show apart.
+
+Beside them, Rota's worker and pgqueuer on uvloop drain the same jobs, so the
+run has both the denominators of issue 35's goals (pgqueuer's CPU per job,
+server and worker) and Rota's worker CPU per job. The report then says, for
+each shape, the fastest drain two cores allow with that server cost and Rota's
+worker, over pgqueuer's drain: a 2-process drain on two cores is CPU-bound for
+every queue, so that is the most a queue of that shape could reach here.
+
+    python -m bench.floor [--rounds 5] [--jobs 20000] [--json floor.json]
+    python -m bench.floor raw-worker DSN --shape one-write|claim-delete|claim-mark-done|...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from bench import rota_bench
+from bench.findings import _halted_by_sigterm, rota_drain
+from bench.measure import Drain, spawn, take_turns, timed_drain
+from bench.peers import PgQueuerUvloop, available
+from bench.server import Server
+
+NewDatabase = Callable[[str], str]
+
+TABLE = b"""
+CREATE SCHEMA floor;
+CREATE TABLE floor.job (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status smallint NOT NULL DEFAULT 0,  -- 0 ready, 1 taken, 2 done
+    run_at timestamptz NOT NULL DEFAULT now(),
+    payload jsonb NOT NULL,
+    worker text,
+    lease_until timestamptz,
+    finished_at timestamptz
+);
+CREATE INDEX job_ready_idx ON floor.job (run_at, id) WHERE status = 0;
+"""
+
+REMAINING = (
+    "SELECT (SELECT count(*) FROM floor.job WHERE status = 0)"
+    " + (SELECT count(*) FROM floor.job WHERE status = 1)"
+)
+ANY_LEFT = (
+    "SELECT EXISTS (SELECT FROM floor.job WHERE status = 0)"
+    " OR EXISTS (SELECT FROM floor.job WHERE status = 1)"
+)
+
+TAKE = b"""
+DELETE FROM floor.job WHERE id IN (
+    SELECT id FROM floor.job WHERE status = 0 ORDER BY run_at, id
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id, payload
+"""
+CLAIM = b"""
+UPDATE floor.job j SET status = 1, worker = %(worker)s,
+    lease_until = now() + interval '30 seconds'
+FROM (SELECT id FROM floor.job WHERE status = 0 ORDER BY run_at, id
+      LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+WHERE j.id = c.id
+RETURNING j.id, j.payload
+"""
+DELETE = b"DELETE FROM floor.job WHERE id = ANY(%(ids)s) AND worker = %(worker)s"
+DONE = (
+    b"UPDATE floor.job SET status = 2, finished_at = now(), lease_until = NULL"
+    b" WHERE id = ANY(%(ids)s) AND worker = %(worker)s"
+)
+# The same two statements on the table `rota migrate` makes, its indexes,
+# triggers and checks: what Rota's table costs, apart from its statements.
+ROTA_CLAIM = b"""
+UPDATE rota.job j SET status = 'running', locked_by = %(worker)s,
+    locked_until = now() + interval '30 seconds', attempts = j.attempts + 1,
+    started_at = now()
+FROM (SELECT id FROM rota.job WHERE status = 'ready' AND priority = 0
+      ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+WHERE j.id = c.id
+RETURNING j.id, j.payload
+"""
+ROTA_DONE = (
+    b"UPDATE rota.job SET status = 'done', finished_at = now(), locked_until = NULL"
+    b" WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    claim: bytes
+    outcome: bytes | None
+    """None: the claim takes the job for good (one write)."""
+    rota_table: bool = False
+
+
+SHAPES = {
+    "one write": Shape(TAKE, None),
+    "claim, delete": Shape(CLAIM, DELETE),
+    "claim, mark done": Shape(CLAIM, DONE),
+    "claim, mark done, on Rota's table": Shape(ROTA_CLAIM, ROTA_DONE, rota_table=True),
+}
+BATCH = 100
+
+
+def raw_worker(dsn: str, shape: Shape, batch: int = BATCH) -> None:
+    """Take `batch` jobs at a time, "run" them, end them; until SIGTERM."""
+    halt = _halted_by_sigterm()
+    worker = f"floor:{os.getpid()}"
+    claim = {"limit": batch, "worker": worker}
+    with psycopg.connect(dsn, autocommit=shape.outcome is None) as conn:
+        held: list[int] = []
+        while not halt.is_set():
+            if shape.outcome is None:
+                rows = conn.execute(shape.claim, claim).fetchall()
+            else:
+                with conn.pipeline():
+                    if held:
+                        conn.execute(shape.outcome, {"ids": held, "worker": worker})
+                    cursor = conn.execute(shape.claim, claim)
+                    conn.commit()
+                rows = cursor.fetchall()
+            held = [row[0] for row in rows]  # the jobs "ran"
+            if not held:
+                time.sleep(0.01)
+
+
+def _option(name: str) -> str:
+    return name.replace(",", "").replace("'", "").replace(" ", "-").lower()
+
+
+def shape_drain(
+    new_database: NewDatabase, jobs: int, processes: int, server: Server, name: str
+) -> Drain:
+    shape = SHAPES[name]
+    if shape.rota_table:
+        dsn = rota_bench.fresh(new_database, "floor_rota")
+        rota_bench.enqueue_batches(dsn, jobs)
+        remaining = (rota_bench.REMAINING, rota_bench.ANY_LEFT)
+    else:
+        dsn = new_database("floor")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(TABLE)
+            for start in range(0, jobs, rota_bench.BATCH):
+                conn.execute(
+                    b"INSERT INTO floor.job (payload) SELECT jsonb_build_object('i', g)"
+                    b" FROM generate_series(%s::int, %s::int) g",
+                    (start, min(start + rota_bench.BATCH, jobs) - 1),
+                )
+        remaining = (REMAINING, ANY_LEFT)
+    command = ["-m", "bench.floor", "raw-worker", dsn, "--shape", _option(name)]
+    return timed_drain(
+        dsn,
+        remaining,
+        jobs,
+        lambda: [spawn(command) for _ in range(processes)],
+        f"loop of the fewest statements: {name}, batch {BATCH}",
+        server,
+    )
+
+
+def drains(
+    new_database: NewDatabase, server: Server, jobs: int, rounds: int, say: Callable[[str], None]
+) -> dict[str, dict[int, list[Drain]]]:
+    setups: dict[str, Callable[[int], Drain]] = {
+        "Rota's worker": lambda p: rota_drain(new_database, jobs, p, server, custom=False),
+    }
+    for shape in SHAPES:
+        setups[shape] = lambda p, shape=shape: shape_drain(new_database, jobs, p, server, shape)
+    if available().get("pgqueuer-uvloop"):
+        setups["pgqueuer-uvloop"] = lambda p: PgQueuerUvloop(new_database("pgq_uv")).drain(
+            jobs, p, server
+        )
+    return take_turns(setups, rounds, say)
+
+
+def _median(runs: list[Drain], attr: str) -> float:
+    values = [getattr(d, attr) for d in runs if getattr(d, attr) is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def tables(found: dict[str, dict[int, list[Drain]]], cores: int) -> str:
+    lines = [
+        "| setup | processes | jobs/s (median, min-max) | server CPU s / 1,000 jobs "
+        "| worker CPU s / 1,000 jobs | WAL bytes / job |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, by_processes in found.items():
+        for processes, runs in by_processes.items():
+            rates = [d.rate for d in runs]
+            lines.append(
+                f"| {name} | {processes} | {statistics.median(rates):,.0f} "
+                f"({min(rates):,.0f}-{max(rates):,.0f}) "
+                f"| {_median(runs, 'cpu_seconds_per_1000_jobs'):.3f} "
+                f"| {_median(runs, 'worker_cpu_seconds_per_1000_jobs'):.3f} "
+                f"| {_median(runs, 'wal_bytes_per_job'):,.0f} |"
+            )
+    peer = found.get("pgqueuer-uvloop")
+    if not peer:
+        return "\n".join(lines)
+    worker = found["Rota's worker"]
+    lines += [
+        "",
+        f"Each shape's server CPU per job with Rota's worker CPU per job, against pgqueuer-uvloop"
+        f" in the same run; the ceiling is the rate at which {cores} cores are busy with nothing"
+        " else, over pgqueuer's measured drain.",
+        "",
+        "| shape | processes | server + Rota's worker, s / 1,000 jobs | over pgqueuer's total "
+        "| the cores' ceiling over pgqueuer's drain |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for processes in (1, 2):
+        peer_total = _median(peer[processes], "cpu_seconds_per_1000_jobs") + _median(
+            peer[processes], "worker_cpu_seconds_per_1000_jobs"
+        )
+        peer_rate = statistics.median(d.rate for d in peer[processes])
+        rota_worker = _median(worker[processes], "worker_cpu_seconds_per_1000_jobs")
+        for name in ["Rota's worker", *SHAPES]:
+            total = _median(found[name][processes], "cpu_seconds_per_1000_jobs") + rota_worker
+            ceiling = cores * 1000 / total
+            lines.append(
+                f"| {name} | {processes} | {total:.3f} | {total / peer_total:.2f} "
+                f"| {ceiling / peer_rate:.2f} ({ceiling:,.0f} against {peer_rate:,.0f} jobs/s) |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["raw-worker"]:
+        worker = argparse.ArgumentParser(prog="python -m bench.floor raw-worker")
+        worker.add_argument("dsn")
+        shapes = {_option(name): shape for name, shape in SHAPES.items()}
+        worker.add_argument("--shape", choices=list(shapes), required=True)
+        w = worker.parse_args(argv[1:])
+        raw_worker(w.dsn, shapes[w.shape])
+        return 0
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.floor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.rounds < 1:
+        parser.error("--jobs and --rounds must be positive")
+    logging.basicConfig(level=logging.WARNING)
+
+    from rota.testing import EmbeddedPostgres
+
+    say = lambda text: print(f"... {text}", file=sys.stderr, flush=True)  # noqa: E731
+    counter = iter(range(10**6))
+    with EmbeddedPostgres(durable=True) as pg:
+        server = Server(pg.data, pg.url())
+        try:
+            version = server.version()
+            new_database = lambda name: pg.create_database(f"{name}_{next(counter)}")  # noqa: E731
+            found = drains(new_database, server, args.jobs, args.rounds, say)
+        finally:
+            server.close()
+    cores = os.cpu_count() or 1
+    report: dict[str, Any] = {
+        "postgres": version,
+        "python": sys.version.split()[0],
+        "cores": cores,
+        "drains": {
+            name: {str(p): [dataclasses.asdict(d) for d in runs] for p, runs in by.items()}
+            for name, by in found.items()
+        },
+        "table": tables(found, cores),
+        "load_average_at_end": list(os.getloadavg()),
+    }
+    print(f"PostgreSQL {version}, Python {report['python']}, {cores} cores\n")
+    print(report["table"])
+    print(f"\nload average at the end: {report['load_average_at_end']}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report, out, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
