@@ -5,10 +5,14 @@ Rota installed, e.g. a virtualenv of another Python version) and extra `rota
 worker` flags. In every round each variant drains the same number of no-op
 jobs with 1 and 2 processes, the variants taking turns (each round starts with
 another), and the table gives the median of the rounds: jobs/s, server and
-worker CPU per 1,000 jobs. It measures what a change to the worker's own costs
-buys, against the worker without it, in one run. A variant's workers run from
-the checkout its interpreter imports Rota from, so another checkout's
-virtualenv measures that checkout's worker (a commit before a change).
+worker CPU per 1,000 jobs. With `--latency-jobs N`, every round also sends N
+jobs one at a time to one idle worker of each variant, as `make bench`'s
+latency rounds do, and a second table gives the enqueue-to-start p50 and p99
+and the part after the enqueue call's return. It measures what a change to
+the worker's own costs buys, against the worker without it, in one run. A
+variant's workers run from the checkout its interpreter imports Rota from, so
+another checkout's virtualenv measures that checkout's worker (a commit before
+a change).
 
     python -m bench.workers_ab --variant "3.11=.venv/bin/python" \\
         --variant "3.13=/path/to/venv313/bin/python" \\
@@ -18,6 +22,7 @@ virtualenv measures that checkout's worker (a commit before a change).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -28,6 +33,7 @@ import sys
 from pathlib import Path
 
 from bench import measure, rota_bench
+from bench.run import Plan
 from bench.server import Server
 
 
@@ -69,6 +75,10 @@ def _checkout(python: str) -> Path:
     return root if (root / "bench" / "handlers.py").is_file() else measure.ROOT
 
 
+def _listed(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.workers_ab",
@@ -79,10 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument(
+        "--latency-jobs", type=int, default=0, help="jobs per latency round (0: none)"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    if args.jobs <= 0 or args.rounds <= 0:
-        parser.error("--jobs and --rounds must be positive")
+    if args.jobs <= 0 or args.rounds <= 0 or args.latency_jobs < 0:
+        parser.error("--jobs and --rounds must be positive, --latency-jobs not negative")
 
     from rota.testing import EmbeddedPostgres
 
@@ -90,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[int, list[measure.Drain]]] = {
         label: {1: [], 2: []} for label, _, _ in args.variant
     }
+    waits: dict[str, list[measure.Latency]] = {label: [] for label, _, _ in args.variant}
     versions = {label: _version(python) for label, python, _ in args.variant}
     checkouts = {label: _checkout(python) for label, python, _ in args.variant}
     here = measure.ROOT
@@ -97,32 +111,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"... {label}: Python {versions[label]}, Rota from {checkout}", file=sys.stderr)
     with EmbeddedPostgres(durable=True) as pg:
         server = Server(pg.data, pg.url())
+        new_database = lambda name: pg.create_database(f"{name}_{next(names)}")  # noqa: E731
         try:
             for round_ in range(args.rounds):
                 shift = round_ % len(args.variant)
                 for label, python, flags in args.variant[shift:] + args.variant[:shift]:
-                    for processes in (1, 2):
-                        print(
-                            f"... round {round_ + 1}: {label}, {processes} process(es)",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        measure.PYTHON = python
-                        measure.ROOT = checkouts[label]
-                        rota_bench.EXTRA_WORKER_ARGS[:] = flags
-                        try:
-                            drain = rota_bench.drain(
-                                lambda name: pg.create_database(f"{name}_{next(names)}"),
-                                args.jobs,
-                                processes,
-                                args.concurrency,
-                                server,
+                    measure.PYTHON = python
+                    measure.ROOT = checkouts[label]
+                    rota_bench.EXTRA_WORKER_ARGS[:] = flags
+                    try:
+                        for processes in (1, 2):
+                            print(
+                                f"... round {round_ + 1}: {label}, {processes} process(es)",
+                                file=sys.stderr,
+                                flush=True,
                             )
-                        finally:
-                            measure.PYTHON = sys.executable
-                            measure.ROOT = here
-                            rota_bench.EXTRA_WORKER_ARGS[:] = []
-                        results[label][processes].append(drain)
+                            results[label][processes].append(
+                                rota_bench.drain(
+                                    new_database, args.jobs, processes, args.concurrency, server
+                                )
+                            )
+                        if args.latency_jobs:
+                            print(f"... round {round_ + 1}: {label}, latency", file=sys.stderr)
+                            waits[label].append(
+                                rota_bench.latency(new_database, args.latency_jobs, Plan.gap)
+                            )
+                    finally:
+                        measure.PYTHON = sys.executable
+                        measure.ROOT = here
+                        rota_bench.EXTRA_WORKER_ARGS[:] = []
         finally:
             server.close()
     rows = []
@@ -151,6 +168,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {label} | {row['python']} | {processes} | {row['rate']:,.0f} "
                 f"| {row['server_cpu']:.3f} | {row['worker_cpu']:.3f} |"
             )
+    if args.latency_jobs:
+        print(
+            f"\nenqueue-to-start, {args.latency_jobs} jobs a round, {Plan.gap * 1000:g} ms apart,"
+            " to one idle worker; medians of the rounds (ms), each round's in brackets\n"
+        )
+        print("| variant | p50 | p99 | after the enqueue call's return, p50 |")
+        print("|---|---|---:|---|")
+        for label, runs in waits.items():
+            p50s = [w.p50_ms for w in runs]
+            after = [w.after_return_p50_ms or 0.0 for w in runs]
+            print(
+                f"| {label} | {statistics.median(p50s):.2f} ({_listed(p50s)}) "
+                f"| {statistics.median(w.p99_ms for w in runs):.2f} "
+                f"| {statistics.median(after):.2f} ({_listed(after)}) |"
+            )
+            rows.append({"variant": label, "latency": [dataclasses.asdict(w) for w in runs]})
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=2)

@@ -217,15 +217,20 @@ def test_worker_variants_drain_side_by_side(tmp_path: Path) -> None:
         "bench.workers_ab",
         *("--variant", f"plain={sys.executable}"),
         *("--variant", f"lazy={sys.executable} --no-eager-tasks"),
-        *("--rounds", "1", "--jobs", "300", "--json", str(out)),
+        *("--rounds", "1", "--jobs", "300", "--latency-jobs", "3", "--json", str(out)),
     )
     rows = json.loads(out.read_text())
-    assert [(r["variant"], r["processes"]) for r in rows] == [
+    drains = [r for r in rows if "processes" in r]
+    assert [(r["variant"], r["processes"]) for r in drains] == [
         ("plain", 1), ("plain", 2), ("lazy", 1), ("lazy", 2),
     ]  # fmt: skip
-    for row in rows:
+    for row in drains:
         assert row["rate"] > 0 and row["server_cpu"] >= 0 and row["worker_cpu"] >= 0
-    assert "| lazy |" in printed
+    waits = {r["variant"]: r["latency"] for r in rows if "latency" in r}
+    assert set(waits) == {"plain", "lazy"}
+    for (wait,) in waits.values():
+        assert wait["jobs"] == 3 and wait["p50_ms"] > 0 and wait["after_return_p50_ms"] is not None
+    assert "| lazy |" in printed and "after the enqueue call's return" in printed
 
 
 def test_schema_variants_drain_side_by_side() -> None:
