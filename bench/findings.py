@@ -284,7 +284,7 @@ def raw_drain(
     )
 
 
-def _halted_by_sigterm() -> threading.Event:
+def halted_by_sigterm() -> threading.Event:
     """Set when this process gets SIGTERM (how the benchmark stops its workers)."""
     halt = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: halt.set())
@@ -298,7 +298,7 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
     commits per batch. pipelined: the outcomes of the batch just run and the
     next claim are sent together and committed once: one round trip.
     """
-    halt = _halted_by_sigterm()
+    halt = halted_by_sigterm()
     worker = f"raw:{os.getpid()}"
     options = "-c plan_cache_mode=force_custom_plan" if custom else ""
     claim_params = {
@@ -339,7 +339,7 @@ def raw_listener(dsn: str, flushed: bool) -> None:
     second), claim up to 10 jobs with Rota's claim in its own commit, and note
     each job's start as the benchmark's latency handler does. Nothing else
     runs: no event loop, no thread hand-off, no lease keeping."""
-    halt = _halted_by_sigterm()
+    halt = halted_by_sigterm()
     options = "" if flushed else "-c synchronous_commit=off"
     worker = f"raw:{os.getpid()}"
     claim_sql = sql.query("claim_jobs")

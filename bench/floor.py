@@ -2,9 +2,10 @@
 per job, beside Rota and pgqueuer, in one run on one durable server.
 
 Each shape is a loop with no handler and no Python per job beyond reading the
-claimed rows, on a table of the fewest columns a queue needs and one partial
-index (the ready rows, in run order); its jobs are enqueued before the drain,
-20,000 at a time, as for every queue of `make bench`:
+claimed rows, and all but the last run on a table of the fewest columns a
+queue needs and one partial index (the ready rows, in run order); the jobs
+are enqueued before the drain, 1,000 rows a statement, as for every queue of
+`make bench`:
 
 - `one write`: a job taken by deleting its row (`DELETE ... RETURNING` over
   `FOR UPDATE SKIP LOCKED`). A job lost with its worker is lost: at most once,
@@ -21,8 +22,8 @@ index (the ready rows, in run order); its jobs are enqueued before the drain,
   what Rota's table costs and what its statements add show apart.
 
 Beside them, Rota's worker and pgqueuer on uvloop drain the same jobs, so the
-run has both the denominators of issue 35's goals (pgqueuer's CPU per job,
-server and worker) and Rota's worker CPU per job. The report then says, for
+run has both the denominators of the benchmark's goals (pgqueuer's CPU per
+job, server and worker) and Rota's worker's CPU per job. The report then says, for
 each shape, the fastest drain two cores allow with that server cost and Rota's
 worker, over pgqueuer's drain: a 2-process drain on two cores is CPU-bound for
 every queue, so that is the most a queue of that shape could reach here.
@@ -47,7 +48,7 @@ from typing import Any
 import psycopg
 
 from bench import rota_bench
-from bench.findings import _halted_by_sigterm, rota_drain
+from bench.findings import halted_by_sigterm, rota_drain
 from bench.measure import Drain, spawn, take_turns, timed_drain
 from bench.peers import PgQueuerUvloop, available
 from bench.server import Server
@@ -132,7 +133,7 @@ BATCH = 100
 
 def raw_worker(dsn: str, shape: Shape, batch: int = BATCH) -> None:
     """Take `batch` jobs at a time, "run" them, end them; until SIGTERM."""
-    halt = _halted_by_sigterm()
+    halt = halted_by_sigterm()
     worker = f"floor:{os.getpid()}"
     claim = {"limit": batch, "worker": worker}
     with psycopg.connect(dsn, autocommit=shape.outcome is None) as conn:
