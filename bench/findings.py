@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -43,7 +42,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from bench import rota_bench
+from bench import measure, rota_bench
 from bench.measure import (
     Drain,
     Latency,
@@ -407,11 +406,6 @@ def latency_table(found: dict[str, list[Latency]]) -> str:
 
 
 # -- the whole run -------------------------------------------------------------
-def _median(drains: list[Drain], attr: str) -> float | None:
-    values = [getattr(d, attr) for d in drains if getattr(d, attr) is not None]
-    return statistics.median(values) if values else None
-
-
 def drains(
     new_database: NewDatabase, server: Server, jobs: int, rounds: int, say: Callable[[str], None]
 ) -> dict[str, dict[int, list[Drain]]]:
@@ -434,25 +428,14 @@ def drains(
 
 
 def drain_table(found: dict[str, dict[int, list[Drain]]]) -> str:
-    lines = [
-        "| setup | processes | jobs/s (median, min-max) | server CPU s / 1,000 jobs "
-        "| WAL bytes / job | commits / job |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for name, by_processes in found.items():
-        for processes, runs in by_processes.items():
-            if not runs:
-                continue
-            rates = [d.rate for d in runs]
-            cpu = _median(runs, "cpu_seconds_per_1000_jobs")
-            wal = _median(runs, "wal_bytes_per_job")
-            commits = _median(runs, "commits_per_job")
-            lines.append(
-                f"| {name} | {processes} | {statistics.median(rates):,.0f} "
-                f"({min(rates):,.0f}-{max(rates):,.0f}) | {cpu:.3f} | {wal:,.0f} "
-                f"| {commits:.4f} |"
-            )
-    return "\n".join(lines)
+    return measure.drain_table(
+        found,
+        [
+            ("server CPU s / 1,000 jobs", "cpu_seconds_per_1000_jobs", ".3f"),
+            ("WAL bytes / job", "wal_bytes_per_job", ",.0f"),
+            ("commits / job", "commits_per_job", ".4f"),
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

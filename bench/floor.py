@@ -49,7 +49,7 @@ import psycopg
 
 from bench import rota_bench
 from bench.findings import halted_by_sigterm, rota_drain
-from bench.measure import Drain, spawn, take_turns, timed_drain
+from bench.measure import Drain, drain_table, median_of, spawn, take_turns, timed_drain
 from bench.peers import PgQueuerUvloop, available
 from bench.server import Server
 
@@ -202,27 +202,17 @@ def drains(
     return take_turns(setups, rounds, say)
 
 
-def _median(runs: list[Drain], attr: str) -> float:
-    values = [getattr(d, attr) for d in runs if getattr(d, attr) is not None]
-    return statistics.median(values) if values else float("nan")
-
-
 def tables(found: dict[str, dict[int, list[Drain]]], cores: int) -> str:
     lines = [
-        "| setup | processes | jobs/s (median, min-max) | server CPU s / 1,000 jobs "
-        "| worker CPU s / 1,000 jobs | WAL bytes / job |",
-        "|---|---:|---:|---:|---:|---:|",
+        drain_table(
+            found,
+            [
+                ("server CPU s / 1,000 jobs", "cpu_seconds_per_1000_jobs", ".3f"),
+                ("worker CPU s / 1,000 jobs", "worker_cpu_seconds_per_1000_jobs", ".3f"),
+                ("WAL bytes / job", "wal_bytes_per_job", ",.0f"),
+            ],
+        )
     ]
-    for name, by_processes in found.items():
-        for processes, runs in by_processes.items():
-            rates = [d.rate for d in runs]
-            lines.append(
-                f"| {name} | {processes} | {statistics.median(rates):,.0f} "
-                f"({min(rates):,.0f}-{max(rates):,.0f}) "
-                f"| {_median(runs, 'cpu_seconds_per_1000_jobs'):.3f} "
-                f"| {_median(runs, 'worker_cpu_seconds_per_1000_jobs'):.3f} "
-                f"| {_median(runs, 'wal_bytes_per_job'):,.0f} |"
-            )
     peer = found.get("pgqueuer-uvloop")
     if not peer:
         return "\n".join(lines)
@@ -238,13 +228,13 @@ def tables(found: dict[str, dict[int, list[Drain]]], cores: int) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for processes in (1, 2):
-        peer_total = _median(peer[processes], "cpu_seconds_per_1000_jobs") + _median(
+        peer_total = median_of(peer[processes], "cpu_seconds_per_1000_jobs") + median_of(
             peer[processes], "worker_cpu_seconds_per_1000_jobs"
         )
         peer_rate = statistics.median(d.rate for d in peer[processes])
-        rota_worker = _median(worker[processes], "worker_cpu_seconds_per_1000_jobs")
+        rota_worker = median_of(worker[processes], "worker_cpu_seconds_per_1000_jobs")
         for name in ["Rota's worker", *SHAPES]:
-            total = _median(found[name][processes], "cpu_seconds_per_1000_jobs") + rota_worker
+            total = median_of(found[name][processes], "cpu_seconds_per_1000_jobs") + rota_worker
             ceiling = cores * 1000 / total
             lines.append(
                 f"| {name} | {processes} | {total:.3f} | {total / peer_total:.2f} "

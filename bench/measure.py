@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -298,6 +299,36 @@ def take_turns(
                 say(f"round {round_ + 1}: {name}, {processes} process(es)")
                 found[name][processes].append(setups[name](processes))
     return found
+
+
+def median_of(drains: Sequence[Drain], attr: str) -> float:
+    """The median of a Drain attribute over the drains that have it (NaN if none)."""
+    values = [getattr(d, attr) for d in drains if getattr(d, attr) is not None]
+    return statistics.median(values) if values else math.nan
+
+
+def drain_table(
+    found: dict[str, dict[int, list[Drain]]], columns: Sequence[tuple[str, str, str]]
+) -> str:
+    """A Markdown table of the drains by setup and processes: the rate's median and
+    range, then each (header, Drain attribute, format) column's median."""
+    lines = [
+        "| setup | processes | jobs/s (median, min-max) | "
+        + " | ".join(header for header, _, _ in columns)
+        + " |",
+        "|---|---:|---:|" + "---:|" * len(columns),
+    ]
+    for name, by_processes in found.items():
+        for processes, runs in by_processes.items():
+            if not runs:
+                continue
+            rates = [d.rate for d in runs]
+            cells = [format(median_of(runs, attr), spec) for _, attr, spec in columns]
+            lines.append(
+                f"| {name} | {processes} | {statistics.median(rates):,.0f} "
+                f"({min(rates):,.0f}-{max(rates):,.0f}) | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines)
 
 
 def vacuum(dsn: str) -> None:

@@ -184,17 +184,13 @@ def measure(
             say(f"round {round_ + 1}: {queue} enqueue-to-start latency")
             add(queue, "latency", tidied(_latency, queue, new_database, plan))
             if queue == "rota":
-                tables = [("done", crowded), ("reused", reused)]
-                for variant, dsn in tables[:: 1 if round_ % 2 == 0 else -1]:
+                tables = [
+                    ("done", crowded, f"beside {plan.done_rows:,} done rows"),
+                    ("reused", reused, "on an empty table drained every round"),
+                ]
+                for variant, dsn, where in tables[:: 1 if round_ % 2 == 0 else -1]:
                     for processes in (1, 2):
-                        say(
-                            f"round {round_ + 1}: rota drain, {processes} process(es), "
-                            + (
-                                f"beside {plan.done_rows:,} done rows"
-                                if variant == "done"
-                                else "on an empty table drained every round"
-                            )
-                        )
+                        say(f"round {round_ + 1}: rota drain, {processes} process(es), {where}")
                         add(
                             "rota",
                             f"drain{processes}_{variant}",
@@ -289,6 +285,10 @@ def _ceiling(key: str) -> Extract:
         return [cores * 1000 / t for t in _total_cpu(key)(found) if t > 0]
 
     return values
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" + ("es" if count > 1 else "")
 
 
 def _drain_ratio(processes: int, variant: str, over: str = "") -> Extract:
@@ -447,39 +447,29 @@ METRICS = [
         True,
         2,
     ),
+]
+METRICS += [
     Metric(
-        "drain1_reused",
-        "drain on an empty table drained every round as well, 1 process (jobs/s)",
-        _field("drain1_reused", "rate"),
+        f"drain{processes}_reused",
+        f"drain on an empty table drained every round as well, {_processes(processes)} (jobs/s)",
+        _field(f"drain{processes}_reused", "rate"),
         True,
-    ),
+    )
+    for processes in (1, 2)
+] + [
     Metric(
-        "drain2_reused",
-        "drain on an empty table drained every round as well, 2 processes (jobs/s)",
-        _field("drain2_reused", "rate"),
-        True,
-    ),
-    Metric(
-        "done_like1",
-        "  the drain beside the done rows over it, 1 process",
-        _drain_ratio(1, "done", over="reused"),
+        f"done_like{processes}",
+        f"  the drain beside the done rows over it, {_processes(processes)}",
+        _drain_ratio(processes, "done", over="reused"),
         True,
         2,
-    ),
-    Metric(
-        "done_like2",
-        "  the drain beside the done rows over it, 2 processes",
-        _drain_ratio(2, "done", over="reused"),
-        True,
-        2,
-    ),
+    )
+    for processes in (1, 2)
 ]
 METRICS += [
     Metric(
         f"drain{processes}_limited",
-        f"drain under a non-binding concurrency limit, {processes} process"
-        + ("es" if processes > 1 else "")
-        + " (jobs/s)",
+        f"drain under a non-binding concurrency limit, {_processes(processes)} (jobs/s)",
         _field(f"drain{processes}_limited", "rate"),
         True,
     )
@@ -487,8 +477,7 @@ METRICS += [
 ] + [
     Metric(
         f"limited_ratio{processes}",
-        f"  the same over the drain without a limit, {processes} process"
-        + ("es" if processes > 1 else ""),
+        f"  the same over the drain without a limit, {_processes(processes)}",
         _drain_ratio(processes, "limited"),
         True,
         2,
