@@ -61,6 +61,29 @@ class Drain:
     them, for a queue found empty at the first look."""
     worker_jobs: int | None = None
     """The jobs done over that span (those left at the first progress, or all)."""
+    enqueue_cpu_seconds: float | None = None
+    """PostgreSQL's CPU for enqueueing the drain's jobs (in batches of 1,000), before it."""
+    enqueue_wal_bytes: int | None = None
+    history_rows: int | None = None
+    """Rows that record the drained jobs as done once the drain is over (Rota: its
+    rows in rota.job; None for a queue that keeps no such row)."""
+
+    @property
+    def cpu_with_enqueue_per_1000_jobs(self) -> float | None:
+        """The server's CPU for enqueueing and draining the jobs, per 1,000."""
+        if self.server_cpu_seconds is None or self.enqueue_cpu_seconds is None:
+            return None
+        return self._per_job(self.server_cpu_seconds + self.enqueue_cpu_seconds, 1000)
+
+    @property
+    def wal_with_enqueue_per_job(self) -> float | None:
+        if self.wal_bytes is None or self.enqueue_wal_bytes is None:
+            return None
+        return self._per_job(self.wal_bytes + self.enqueue_wal_bytes)
+
+    @property
+    def history_rows_per_job(self) -> float | None:
+        return self._per_job(self.history_rows)
 
     @property
     def cpu_seconds_per_1000_jobs(self) -> float | None:
@@ -149,11 +172,14 @@ def record_start(path: str, enqueued: float) -> None:
         out.write(f"{enqueued!r} {started!r}\n")
 
 
-def spawn(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a Python worker process in the repository; its log goes to a temporary file."""
+def spawn(
+    args: Sequence[str], env: dict[str, str] | None = None, program: str | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a worker process in the repository, a Python one unless `program` names
+    another; its log goes to a temporary file."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
     process = subprocess.Popen(
-        [PYTHON, *args],
+        [program or PYTHON, *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.DEVNULL,
@@ -283,6 +309,20 @@ def timed_drain(
         vacuum_cpu_seconds=vacuum_after.cpu_seconds - vacuum_before.cpu_seconds,
         vacuum_wal_bytes=vacuum_after.wal_lsn - vacuum_before.wal_lsn,
     )
+
+
+def enqueue_costed(
+    server: Server | None, enqueue: Callable[[], object]
+) -> tuple[float | None, int | None]:
+    """Run `enqueue`; what the server spent on it: CPU seconds and WAL bytes
+    (None, None without a server)."""
+    if server is None:
+        enqueue()
+        return None, None
+    before = server.read()
+    enqueue()
+    after = server.read()
+    return after.cpu_seconds - before.cpu_seconds, after.wal_lsn - before.wal_lsn
 
 
 def take_turns(

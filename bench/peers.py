@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
-from bench.measure import Drain, Latency, record_start, spawn, timed_drain, timed_latency
+from bench.measure import (
+    Drain,
+    Latency,
+    enqueue_costed,
+    record_start,
+    spawn,
+    timed_drain,
+    timed_latency,
+)
 from bench.server import Server
 
 NewDatabase = Callable[[str], str]
@@ -32,7 +43,9 @@ BATCH = 1000
 
 
 def available() -> dict[str, bool]:
-    """Which peers are installed (they are bench extras, not Rota's dependencies)."""
+    """Which peers are installed (they are bench extras, not Rota's dependencies;
+    Graphile Worker is an npm package that `make bench` installs under
+    bench/graphile when node and npm are on the PATH)."""
     found = {}
     for name in ("pgqueuer", "procrastinate", "uvloop"):
         try:
@@ -41,7 +54,31 @@ def available() -> dict[str, bool]:
         except ImportError:
             found[name] = False
     found["pgqueuer-uvloop"] = found["pgqueuer"] and found.pop("uvloop")
+    graphile = graphile_installed()
+    for name in GRAPHILE_SETUPS:
+        found[name] = graphile
     return found
+
+
+GRAPHILE_DIR = Path(__file__).resolve().parent / "graphile"
+GRAPHILE_SETUPS = ("graphile-worker", "graphile-worker-c10")
+"""Graphile Worker with its perfTest's settings (24 jobs at once per process), and
+with the concurrency of 10 that the issue measured it at."""
+
+
+def graphile_installed() -> bool:
+    return (
+        shutil.which("node") is not None
+        and (GRAPHILE_DIR / "node_modules" / "graphile-worker" / "package.json").exists()
+    )
+
+
+def graphile_version() -> str:
+    found = json.loads(
+        (GRAPHILE_DIR / "node_modules" / "graphile-worker" / "package.json").read_text()
+    )
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True)
+    return f"{found['version']} on Node {node.stdout.strip().lstrip('v')}"
 
 
 class Peer:
@@ -116,8 +153,8 @@ class Peer:
 
     def drain(self, jobs: int, processes: int, server: Server | None = None) -> Drain:
         asyncio.run(self.install())
-        self.enqueue_rate(jobs, one_by_one=False)
-        return timed_drain(
+        cpu, wal = enqueue_costed(server, lambda: self.enqueue_rate(jobs, one_by_one=False))
+        drained = timed_drain(
             self.dsn,
             (self.remaining_sql, self.any_left_sql),
             jobs,
@@ -125,6 +162,7 @@ class Peer:
             self.settings(),
             server,
         )
+        return dataclasses.replace(drained, enqueue_cpu_seconds=cpu, enqueue_wal_bytes=wal)
 
 
 class PgQueuer(Peer):
@@ -223,6 +261,91 @@ class Procrastinate(Peer):
                 await task.defer_async(**payload)
         else:
             await task.batch_defer_async(*payloads)
+
+
+class GraphileWorker(Peer):
+    """Graphile Worker (Node.js): one `node bench/graphile/worker.js run` per process.
+
+    Its jobs are enqueued the way its documentation gives for SQL, through its
+    `add_job` and `add_jobs` functions; its schema is installed by its own
+    `runMigrations`. It deletes a job when it completes: its jobs table holds
+    only the jobs not yet done, and no history of them is kept.
+    """
+
+    name = "graphile-worker"
+    remaining_sql = "SELECT count(*) FROM graphile_worker._private_jobs"
+    any_left_sql = "SELECT EXISTS (SELECT FROM graphile_worker._private_jobs)"
+
+    def __init__(self, dsn: str, concurrency: int = 24, local_queue: int = 500) -> None:
+        super().__init__(dsn)
+        self.concurrency = concurrency
+        self.local_queue = local_queue
+
+    def spawn_worker(self) -> subprocess.Popen[bytes]:
+        return spawn(
+            [
+                str(GRAPHILE_DIR / "worker.js"),
+                "run",
+                self.dsn,
+                str(self.concurrency),
+                str(self.local_queue),
+            ],
+            program="node",
+        )
+
+    def settings(self) -> str:
+        return (
+            f"graphile-worker {graphile_version()}, concurrency {self.concurrency}, "
+            f"pool {self.concurrency + 1}, localQueue.size {self.local_queue} "
+            "(refetchDelay 10 ms), completeJobBatchDelay 0, failJobBatchDelay 0; "
+            "a job deleted when done, no history"
+        )
+
+    async def install(self) -> None:
+        done = await asyncio.create_subprocess_exec(
+            "node", str(GRAPHILE_DIR / "worker.js"), "migrate", self.dsn,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await done.communicate()
+        if done.returncode:
+            raise RuntimeError(f"graphile-worker migrate failed: {err.decode()[-2000:]}")
+
+    async def open(self) -> None:
+        import psycopg
+
+        self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    async def enqueue_latency_job(self, payload: dict[str, Any]) -> None:
+        await self._conn.execute(
+            b"SELECT graphile_worker.add_job('latency', %s::json)", (json.dumps(payload),)
+        )
+
+    async def enqueue(self, payloads: list[dict[str, Any]], one_by_one: bool) -> None:
+        encoded = [json.dumps(p) for p in payloads]
+        if one_by_one:
+            for payload in encoded:
+                await self._conn.execute(
+                    b"SELECT graphile_worker.add_job('noop', %s::json)", (payload,)
+                )
+        else:
+            # add_jobs takes an array of job_spec (identifier, payload, queue_name,
+            # run_at, max_attempts, job_key, priority, flags).
+            await self._conn.execute(
+                b"SELECT FROM graphile_worker.add_jobs(ARRAY("
+                b"SELECT ROW('noop', p, NULL, NULL, NULL, NULL, NULL, NULL)"
+                b"::graphile_worker.job_spec FROM unnest(%s::json[]) AS p))",
+                (encoded,),
+            )
+
+
+class GraphileWorkerC10(GraphileWorker):
+    name = "graphile-worker-c10"
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn, concurrency=10, local_queue=500)
 
 
 def procrastinate_app(dsn: str, pool_size: int) -> Any:

@@ -8,11 +8,14 @@ measured. Every measurement gets a fresh, migrated database.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 
+import psycopg
+
 import rota
-from bench.measure import Drain, Latency, spawn, timed_drain, timed_latency
+from bench.measure import Drain, Latency, enqueue_costed, spawn, timed_drain, timed_latency
 from bench.server import Server
 from rota import db
 from rota.migrate import describe_key_index, use_key_index
@@ -126,10 +129,11 @@ def drain(
     every claim of them goes through the limited claim.
     """
     dsn = dsn or fresh(new_database, f"rota_drain_{processes}" + ("_limited" if limit else ""))
-    enqueue_batches(dsn, jobs)
+    after = _last_id(dsn)
+    cpu, wal = enqueue_costed(server, lambda: enqueue_batches(dsn, jobs))
     if limit is not None:
         rota.set_limit(dsn, "bench.noop", concurrency=limit)
-    return timed_drain(
+    drained = timed_drain(
         dsn,
         (REMAINING, ANY_LEFT),
         jobs,
@@ -139,6 +143,30 @@ def drain(
         f" keys unique by the {describe_key_index(KEY_INDEX)}",
         server,
     )
+    return dataclasses.replace(
+        drained,
+        enqueue_cpu_seconds=cpu,
+        enqueue_wal_bytes=wal,
+        history_rows=_done_since(dsn, after),
+    )
+
+
+def _last_id(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(b"SELECT coalesce(max(id), 0) FROM rota.job").fetchone()
+        return int(row[0]) if row else 0
+
+
+def _done_since(dsn: str, after: int) -> int:
+    """The done rows of the jobs enqueued after id `after`: each job's history,
+    one row that `rota jobs show` and the console read (none is archived here)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            b"SELECT count(*) FROM rota.job WHERE id > %s AND status = 'done'"
+            b" AND finished_at IS NOT NULL AND started_at IS NOT NULL",
+            (after,),
+        ).fetchone()
+        return int(row[0]) if row else 0
 
 
 def with_done_rows(new_database: NewDatabase, rows: int) -> str:

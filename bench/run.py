@@ -31,12 +31,23 @@ from typing import Any
 
 from bench import rota_bench
 from bench.measure import Drain, Latency, vacuum
-from bench.peers import Peer, PgQueuer, PgQueuerUvloop, Procrastinate, available
+from bench.peers import (
+    GRAPHILE_SETUPS,
+    GraphileWorker,
+    GraphileWorkerC10,
+    Peer,
+    PgQueuer,
+    PgQueuerUvloop,
+    Procrastinate,
+    available,
+)
 from bench.server import Server
 from rota.migrate import KEY_INDEXES
 
 NewDatabase = Callable[[str], str]
 PGQUEUER_SETUPS = ("pgqueuer", "pgqueuer-uvloop")
+CHURN_RESULTS = os.path.join("bench", "results", "churn.json")
+"""Where `make bench-churn` leaves its results: the churn goal is read from there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +64,11 @@ class Plan:
     procrastinate_jobs: int = 4_000
     """procrastinate fetches and finishes one job per transaction: a smaller drain
     tells the same story in a fraction of the time (measured in the first round only)."""
-    peers: tuple[str, ...] = ("pgqueuer", "pgqueuer-uvloop")
-    """procrastinate is left out by default (`--peers` takes it): it finishes one job
-    per transaction, drains 20-100 times slower than either, and its drain alone
-    took more than a minute of the run on the shared machine."""
+    peers: tuple[str, ...] = ("pgqueuer-uvloop", *GRAPHILE_SETUPS)
+    """pgqueuer on asyncio's own loop (slower than on uvloop in every run) and
+    procrastinate are left out by default to keep the run short (`--peers` takes
+    them): procrastinate finishes one job per transaction, drains 20-100 times
+    slower than pgqueuer, and its drain alone took more than a minute of the run."""
 
     @classmethod
     def quick(cls, **changes: Any) -> Plan:
@@ -77,6 +89,8 @@ PEERS: dict[str, type[Peer]] = {
     "pgqueuer": PgQueuer,
     "pgqueuer-uvloop": PgQueuerUvloop,
     "procrastinate": Procrastinate,
+    "graphile-worker": GraphileWorker,
+    "graphile-worker-c10": GraphileWorkerC10,
 }
 
 Results = dict[str, dict[str, list[Any]]]
@@ -96,7 +110,8 @@ def measure(
         if installed.get(name):
             peers.append(name)
         else:
-            say(f"{name} is not installed; skipped")
+            hint = " (needs node and npm; make bench installs it)" if "graphile" in name else ""
+            say(f"{name} is not installed{hint}; skipped")
     results: Results = {name: {} for name in ["rota", *peers]}
     made: list[str] = []
     create = new_database
@@ -376,6 +391,46 @@ METRICS = [
     Metric("wal1", "WAL bytes per job, 1 process", _field("drain1", "wal_bytes_per_job"), False),
     Metric("wal2", "WAL bytes per job, 2 processes", _field("drain2", "wal_bytes_per_job"), False),
     Metric(
+        "cpu_all1",
+        "server CPU s per 1,000 jobs, enqueue + drain, 1 process",
+        _field("drain1", "cpu_with_enqueue_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric(
+        "cpu_all2",
+        "server CPU s per 1,000 jobs, enqueue + drain, 2 processes",
+        _field("drain2", "cpu_with_enqueue_per_1000_jobs"),
+        False,
+        3,
+    ),
+    Metric(
+        "wal_all1",
+        "WAL bytes per job, enqueue + drain, 1 process",
+        _field("drain1", "wal_with_enqueue_per_job"),
+        False,
+    ),
+    Metric(
+        "wal_all2",
+        "WAL bytes per job, enqueue + drain, 2 processes",
+        _field("drain2", "wal_with_enqueue_per_job"),
+        False,
+    ),
+    Metric(
+        "history1",
+        "history rows per job after the drain (done rows kept), 1 process",
+        _field("drain1", "history_rows_per_job"),
+        True,
+        3,
+    ),
+    Metric(
+        "history2",
+        "history rows per job after the drain (done rows kept), 2 processes",
+        _field("drain2", "history_rows_per_job"),
+        True,
+        3,
+    ),
+    Metric(
         "vacuum_cpu1",
         "  VACUUM ANALYZE after the drain: server CPU s per 1,000 jobs, 1 process",
         _field("drain1", "vacuum_cpu_seconds_per_1000_jobs"),
@@ -510,20 +565,22 @@ class Goal:
     metric: str
     target: float
     kind: str
-    """"ratio>=" / "ratio<=": Rota over pgqueuer's best; "<" / ">=": Rota's own value."""
+    """"ratio>=" / "ratio<=": Rota over the peer's best; "<" / ">=" / "<=": Rota's own
+    value; "ratio": a ratio with no target."""
+    against: tuple[str, ...] = GRAPHILE_SETUPS
+    """The peer setups whose best median Rota is compared with."""
 
 
 GOALS = [
-    Goal("drain, 1 process", "drain1", 2.0, "ratio>="),
-    Goal("drain, 2 processes", "drain2", 2.0, "ratio>="),
-    Goal("server CPU per job, 1 process", "cpu1", 0.6, "ratio<="),
-    Goal("server CPU per job, 2 processes", "cpu2", 0.6, "ratio<="),
-    Goal("total CPU per job (server + workers), 1 process", "total_cpu1", 0.6, "ratio<="),
-    Goal("total CPU per job (server + workers), 2 processes", "total_cpu2", 0.6, "ratio<="),
-    Goal("WAL per job, 1 process", "wal1", 0.7, "ratio<="),
-    Goal("WAL per job, 2 processes", "wal2", 0.7, "ratio<="),
-    Goal("commits per job, 1 process (no goal)", "commits1", 0.0, "ratio"),
-    Goal("commits per job, 2 processes (no goal)", "commits2", 0.0, "ratio"),
+    Goal("drain, 1 process", "drain1", 1.0, "ratio>="),
+    Goal("drain, 2 processes", "drain2", 1.0, "ratio>="),
+    Goal("server CPU per job, enqueue + drain, 1 process", "cpu_all1", 1.0, "ratio<="),
+    Goal("server CPU per job, enqueue + drain, 2 processes", "cpu_all2", 1.0, "ratio<="),
+    Goal("WAL per job, enqueue + drain, 1 process (no goal)", "wal_all1", 0.0, "ratio"),
+    Goal("WAL per job, enqueue + drain, 2 processes (no goal)", "wal_all2", 0.0, "ratio"),
+    Goal("server CPU per job, drain alone, 2 processes (no goal)", "cpu2", 0.0, "ratio"),
+    Goal("every job keeps its history row, 1 process", "history1", 1.0, ">="),
+    Goal("every job keeps its history row, 2 processes", "history2", 1.0, ">="),
     Goal("enqueue-to-start p50 (ms)", "p50", 3.0, "<"),
     Goal("enqueue-to-start p99 (ms)", "p99", 10.0, "<"),
     Goal("2M-done drain over empty, 1 process", "done_ratio1", 0.9, ">="),
@@ -532,48 +589,100 @@ GOALS = [
     Goal("2M-done drain over an empty table drained alike, 2 processes", "done_like2", 0.9, ">="),
     Goal("drain under a non-binding limit over without, 1 process", "limited_ratio1", 0.9, ">="),
     Goal("drain under a non-binding limit over without, 2 processes", "limited_ratio2", 0.9, ">="),
+    *(
+        Goal(
+            f"drain over pgqueuer's best, {_processes(n)} (no goal)",
+            f"drain{n}",
+            0.0,
+            "ratio",
+            PGQUEUER_SETUPS,
+        )
+        for n in (1, 2)
+    ),
+    Goal(
+        "server CPU per job, enqueue + drain, over pgqueuer's best, 2 processes (no goal)",
+        "cpu_all2",
+        0.0,
+        "ratio",
+        PGQUEUER_SETUPS,
+    ),
 ]
+CHURN_GOAL = "churn: held p99 over steady p99 (the last make bench-churn)"
+
+
+def _met(kind: str, target: float, rota: float | None, ratio: float | None) -> bool | None:
+    if kind == "ratio>=":
+        return None if ratio is None else ratio >= target
+    if kind == "ratio<=":
+        return None if ratio is None else ratio <= target
+    if kind == "<":
+        return None if rota is None else rota < target
+    if kind == ">=":
+        return None if rota is None else rota >= target
+    if kind == "<=":
+        return None if rota is None else rota <= target
+    return None
 
 
 def goals(summed: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Each goal with Rota's median, pgqueuer's best median (and which setup), the ratio."""
+    """Each goal with Rota's median, the best median of the peer setups it is
+    compared with (and which setup), the ratio."""
     rows = []
     for goal in GOALS:
         metric = BY_KEY[goal.metric]
         rota = summed.get("rota", {}).get(goal.metric, {}).get("median")
         best_setup, best = None, None
-        for setup in PGQUEUER_SETUPS:
+        comparing = goal.kind.startswith("ratio")
+        for setup in goal.against if comparing else ():
             value = summed.get(setup, {}).get(goal.metric, {}).get("median")
             if value is None:
                 continue
             if best is None or (value > best if metric.higher_is_better else value < best):
                 best_setup, best = setup, value
         ratio = rota / best if rota is not None and best else None
-        if goal.kind == "ratio>=":
-            met = None if ratio is None else ratio >= goal.target
-        elif goal.kind == "ratio<=":
-            met = None if ratio is None else ratio <= goal.target
-        elif goal.kind == "<":
-            met = None if rota is None else rota < goal.target
-        elif goal.kind == ">=":
-            met = None if rota is None else rota >= goal.target
-        else:
-            met = None
         rows.append(
             {
                 "goal": goal.label,
                 "metric": goal.metric,
                 "rota": rota,
-                "pgqueuer_best": best,
-                "pgqueuer_best_setup": best_setup,
+                "peer_best": best,
+                "peer_best_setup": best_setup,
                 "ratio": ratio,
                 "target": None
                 if goal.kind == "ratio"
                 else f"{goal.kind.replace('ratio', 'ratio ')} {goal.target}",
-                "met": met,
+                "met": _met(goal.kind, goal.target, rota, ratio),
             }
         )
+    rows.append(churn_goal())
     return rows
+
+
+def churn_goal(path: str = CHURN_RESULTS) -> dict[str, Any]:
+    """The churn benchmark's held/steady p99 goal, from its last results (it runs for
+    about 15 minutes on its own: `make bench-churn`); unmet-unknown without them."""
+    row: dict[str, Any] = {
+        "goal": CHURN_GOAL,
+        "metric": "churn",
+        "rota": None,
+        "peer_best": None,
+        "peer_best_setup": None,
+        "ratio": None,
+        "target": "<= 2.0",
+        "met": None,
+    }
+    try:
+        with open(path) as found:
+            result = json.load(found)
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(os.path.getmtime(path)))
+    except (OSError, ValueError):
+        row["goal"] += ": none found, run make bench-churn"
+        return row
+    for entry in result.get("goals", []):
+        if entry.get("queue") == "rota" and entry.get("goal") == "held p99 / own steady p99":
+            row.update(rota=entry["value"], met=entry["met"])
+            row["goal"] += f", {when} UTC"
+    return row
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -604,14 +713,14 @@ def table(results: Results) -> str:
         lines.append(f"| {metric.label} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| goal | Rota | pgqueuer best | Rota / pgqueuer | target | met |",
+        "| goal | Rota | peer's best | Rota / peer | target | met |",
         "|---|---:|---:|---:|---|:---:|",
     ]
     for row in goals(summed):
-        digits = BY_KEY[row["metric"]].digits
-        best = _number(row["pgqueuer_best"], digits)
-        if row["pgqueuer_best_setup"]:
-            best += f" ({row['pgqueuer_best_setup']})"
+        digits = BY_KEY[row["metric"]].digits if row["metric"] in BY_KEY else 2
+        best = _number(row["peer_best"], digits)
+        if row["peer_best_setup"]:
+            best += f" ({row['peer_best_setup']})"
         met = {True: "yes", False: "no", None: "-"}[row["met"]]
         lines.append(
             f"| {row['goal']} | {_number(row['rota'], digits)} | {best} "

