@@ -311,16 +311,28 @@ def timed_drain(
     )
 
 
+REAPED_SECONDS = 0.2
+"""A pause after the last backend of a database left, before the server's CPU is
+read: an exited backend's CPU reaches the postmaster's cutime only once the
+postmaster has reaped it, and read before that it would count nowhere."""
+
+
 def enqueue_costed(
-    server: Server | None, enqueue: Callable[[], object]
+    server: Server | None, dsn: str, enqueue: Callable[[], object]
 ) -> tuple[float | None, int | None]:
-    """Run `enqueue`; what the server spent on it: CPU seconds and WAL bytes
-    (None, None without a server)."""
+    """Run `enqueue` (on connections of its own to `dsn`, closed when it returns);
+    what the server spent on it: CPU seconds and WAL bytes (None, None without a
+    server)."""
     if server is None:
         enqueue()
         return None, None
+    database = dsn.rsplit("/", 1)[-1].split("?")[0]
+    server.settled(database)
+    time.sleep(REAPED_SECONDS)
     before = server.read()
     enqueue()
+    server.settled(database)
+    time.sleep(REAPED_SECONDS)
     after = server.read()
     return after.cpu_seconds - before.cpu_seconds, after.wal_lsn - before.wal_lsn
 

@@ -153,7 +153,9 @@ class Peer:
 
     def drain(self, jobs: int, processes: int, server: Server | None = None) -> Drain:
         asyncio.run(self.install())
-        cpu, wal = enqueue_costed(server, lambda: self.enqueue_rate(jobs, one_by_one=False))
+        cpu, wal = enqueue_costed(
+            server, self.dsn, lambda: self.enqueue_rate(jobs, one_by_one=False)
+        )
         drained = timed_drain(
             self.dsn,
             (self.remaining_sql, self.any_left_sql),

@@ -130,7 +130,7 @@ def drain(
     """
     dsn = dsn or fresh(new_database, f"rota_drain_{processes}" + ("_limited" if limit else ""))
     after = _last_id(dsn)
-    cpu, wal = enqueue_costed(server, lambda: enqueue_batches(dsn, jobs))
+    cpu, wal = enqueue_costed(server, dsn, lambda: enqueue_batches(dsn, jobs))
     if limit is not None:
         rota.set_limit(dsn, "bench.noop", concurrency=limit)
     drained = timed_drain(

@@ -4,8 +4,9 @@ on one durable PostgreSQL server.
 Each variant is a label and SQL run after `rota migrate` on its fresh database
 ("current" runs none); every round drains the same no-op jobs once per variant,
 the order turned around every other round. It reports, per variant, the
-median jobs/s, the server's CPU and WAL per job and the workers' CPU: what a
-change to the table or its indexes buys, measured in one run.
+median jobs/s, the server's CPU and WAL per job and the workers' CPU, and the
+server's CPU and WAL for enqueueing the drain's jobs: what a change to the
+table or its indexes buys, measured in one run.
 
     python -m bench.schema_ab --rounds 4 \\
         --variant 'ff50=ALTER TABLE rota.job SET (fillfactor = 50)'
@@ -108,17 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| variant | median jobs/s | rounds | server CPU s / 1,000 | worker CPU s / 1,000"
-        " | WAL bytes / job |"
+        " | WAL bytes / job | enqueue: server CPU s / 1,000 | enqueue: WAL bytes / job |"
     )
-    print("|---|---:|---|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for label, runs in drains.items():
         each = ", ".join(f"{d.rate:,.0f}" for d in runs)
         server_cpu = statistics.median(d.cpu_seconds_per_1000_jobs or 0.0 for d in runs)
         worker_cpu = statistics.median(d.worker_cpu_seconds_per_1000_jobs or 0.0 for d in runs)
         wal = statistics.median(d.wal_bytes_per_job or 0.0 for d in runs)
+        # The enqueue of the drain's jobs (batches of 1,000), measured apart.
+        enqueue_cpu = statistics.median(
+            1000 * (d.enqueue_cpu_seconds or 0.0) / d.jobs for d in runs
+        )
+        enqueue_wal = statistics.median((d.enqueue_wal_bytes or 0) / d.jobs for d in runs)
         print(
             f"| {label} | {statistics.median(d.rate for d in runs):,.0f} | {each} |"
-            f" {server_cpu:.3f} | {worker_cpu:.3f} | {wal:,.0f} |"
+            f" {server_cpu:.3f} | {worker_cpu:.3f} | {wal:,.0f} | {enqueue_cpu:.4f}"
+            f" | {enqueue_wal:,.0f} |"
         )
     if args.latency:
         print(f"\nenqueue-to-start of {args.latency} jobs, one at a time\n")
