@@ -20,8 +20,14 @@ are enqueued before the drain, 1,000 rows a statement, as for every queue of
 - `claim, mark done, on Rota's table`: those two statements on the table
   `rota migrate` makes (its columns, indexes, triggers and checks), so that
   what Rota's table costs and what its statements add show apart.
+- `claim, move to history`: the narrow table as a hot table of the jobs not
+  yet ended, and a job that ends deleted from it and written once to a history
+  table (its primary key and an index by end), the outcomes of a batch in one
+  statement: one row kept per job, as Rota keeps, in the shape of a hot table
+  split.
 
-Beside them, Rota's worker and pgqueuer on uvloop drain the same jobs, so the
+Beside them, Rota's worker, pgqueuer on uvloop and Graphile Worker (when
+`make bench-graphile` has installed it) drain the same jobs, so the
 run has both the denominators of the benchmark's goals (pgqueuer's CPU per
 job, server and worker) and Rota's worker's CPU per job. The report then says, for
 each shape, the fastest drain two cores allow with that server cost and Rota's
@@ -48,9 +54,17 @@ from typing import Any
 import psycopg
 
 from bench import rota_bench
-from bench.findings import halted_by_sigterm, rota_drain
-from bench.measure import Drain, drain_table, median_of, spawn, take_turns, timed_drain
-from bench.peers import PgQueuerUvloop, available
+from bench.findings import halted_by_sigterm
+from bench.measure import (
+    Drain,
+    drain_table,
+    enqueue_costed,
+    median_of,
+    spawn,
+    take_turns,
+    timed_drain,
+)
+from bench.peers import GraphileWorker, PgQueuerUvloop, available
 from bench.server import Server
 
 NewDatabase = Callable[[str], str]
@@ -67,6 +81,13 @@ CREATE TABLE floor.job (
     finished_at timestamptz
 );
 CREATE INDEX job_ready_idx ON floor.job (run_at, id) WHERE status = 0;
+CREATE TABLE floor.history (
+    id bigint PRIMARY KEY,
+    payload jsonb NOT NULL,
+    worker text,
+    finished_at timestamptz NOT NULL
+);
+CREATE INDEX history_finished_idx ON floor.history (finished_at);
 """
 
 REMAINING = (
@@ -97,6 +118,13 @@ DONE = (
     b"UPDATE floor.job SET status = 2, finished_at = now(), lease_until = NULL"
     b" WHERE id = ANY(%(ids)s) AND worker = %(worker)s"
 )
+MOVE = b"""
+WITH ended AS (
+    DELETE FROM floor.job WHERE id = ANY(%(ids)s) AND worker = %(worker)s
+    RETURNING id, payload, worker)
+INSERT INTO floor.history (id, payload, worker, finished_at)
+SELECT id, payload, worker, now() FROM ended
+"""
 # The same two statements on the table `rota migrate` makes, its indexes,
 # triggers and checks: what Rota's table costs, apart from its statements.
 ROTA_CLAIM = b"""
@@ -127,6 +155,7 @@ SHAPES = {
     "claim, delete": Shape(CLAIM, DELETE),
     "claim, mark done": Shape(CLAIM, DONE),
     "claim, mark done, on Rota's table": Shape(ROTA_CLAIM, ROTA_DONE, rota_table=True),
+    "claim, move to history": Shape(CLAIM, MOVE),
 }
 BATCH = 100
 
@@ -163,21 +192,16 @@ def shape_drain(
     shape = SHAPES[name]
     if shape.rota_table:
         dsn = rota_bench.fresh(new_database, "floor_rota")
-        rota_bench.enqueue_batches(dsn, jobs)
+        cpu, wal = enqueue_costed(server, dsn, lambda: rota_bench.enqueue_batches(dsn, jobs))
         remaining = (rota_bench.REMAINING, rota_bench.ANY_LEFT)
     else:
         dsn = new_database("floor")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(TABLE)
-            for start in range(0, jobs, rota_bench.BATCH):
-                conn.execute(
-                    b"INSERT INTO floor.job (payload) SELECT jsonb_build_object('i', g)"
-                    b" FROM generate_series(%s::int, %s::int) g",
-                    (start, min(start + rota_bench.BATCH, jobs) - 1),
-                )
+        cpu, wal = enqueue_costed(server, dsn, lambda: _enqueue_narrow(dsn, jobs))
         remaining = (REMAINING, ANY_LEFT)
     command = ["-m", "bench.floor", "raw-worker", dsn, "--shape", _option(name)]
-    return timed_drain(
+    drained = timed_drain(
         dsn,
         remaining,
         jobs,
@@ -185,18 +209,35 @@ def shape_drain(
         f"loop of the fewest statements: {name}, batch {BATCH}",
         server,
     )
+    return dataclasses.replace(drained, enqueue_cpu_seconds=cpu, enqueue_wal_bytes=wal)
+
+
+def _enqueue_narrow(dsn: str, jobs: int) -> None:
+    """The jobs of a narrow table, 1,000 rows a statement and a commit."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for start in range(0, jobs, rota_bench.BATCH):
+            conn.execute(
+                b"INSERT INTO floor.job (payload) SELECT jsonb_build_object('i', g)"
+                b" FROM generate_series(%s::int, %s::int) g",
+                (start, min(start + rota_bench.BATCH, jobs) - 1),
+            )
 
 
 def drains(
     new_database: NewDatabase, server: Server, jobs: int, rounds: int, say: Callable[[str], None]
 ) -> dict[str, dict[int, list[Drain]]]:
     setups: dict[str, Callable[[int], Drain]] = {
-        "Rota's worker": lambda p: rota_drain(new_database, jobs, p, server, custom=False),
+        "Rota's worker": lambda p: rota_bench.drain(new_database, jobs, p, 100, server),
     }
     for shape in SHAPES:
         setups[shape] = lambda p, shape=shape: shape_drain(new_database, jobs, p, server, shape)
-    if available().get("pgqueuer-uvloop"):
+    found = available()
+    if found.get("pgqueuer-uvloop"):
         setups["pgqueuer-uvloop"] = lambda p: PgQueuerUvloop(new_database("pgq_uv")).drain(
+            jobs, p, server
+        )
+    if found.get("graphile-worker"):
+        setups["graphile-worker"] = lambda p: GraphileWorker(new_database("graphile")).drain(
             jobs, p, server
         )
     return take_turns(setups, rounds, say)
@@ -208,8 +249,14 @@ def tables(found: dict[str, dict[int, list[Drain]]], cores: int) -> str:
             found,
             [
                 ("server CPU s / 1,000 jobs", "cpu_seconds_per_1000_jobs", ".3f"),
+                (
+                    "with the enqueue, server CPU s / 1,000 jobs",
+                    "cpu_with_enqueue_per_1000_jobs",
+                    ".3f",
+                ),
                 ("worker CPU s / 1,000 jobs", "worker_cpu_seconds_per_1000_jobs", ".3f"),
                 ("WAL bytes / job", "wal_bytes_per_job", ",.0f"),
+                ("with the enqueue, WAL bytes / job", "wal_with_enqueue_per_job", ",.0f"),
             ],
         )
     ]

@@ -1,14 +1,17 @@
-"""`make bench`: Rota and pgqueuer (asyncio, uvloop) side by side on one PostgreSQL.
+"""`make bench`: Rota beside Graphile Worker and pgqueuer on one PostgreSQL.
 
 Starts a throwaway PostgreSQL server with its default durability (fsync and
 synchronous_commit on), gives every measurement a fresh database on it, and
-prints two tables: every measure for every queue, then Rota against the best
-pgqueuer setup (asyncio or uvloop) beside the goals. Drains and latencies are
-repeated in rounds, the queues taking turns within each round, so that all of
-them see the same machine; a cell shows the median of the rounds and, in
-brackets, the lowest and highest. The peers are measured only when they are
-installed (`make bench` installs them); `--only-rota` skips them, and
-`--peers pgqueuer,pgqueuer-uvloop,procrastinate` adds procrastinate.
+prints two tables: every measure for every queue, then Rota against the goals
+of issue 48, each ratio taken to the best setup of the peer it names
+(Graphile Worker with its perfTest settings or at concurrency 10; pgqueuer on
+uvloop, or on asyncio when asked). Drains and latencies are repeated in
+rounds, the queues taking turns within each round, so that all of them see
+the same machine; a cell shows the median of the rounds and, in brackets, the
+lowest and highest. The peers are measured only when they are installed
+(`make bench` installs them; Graphile Worker needs node and npm);
+`--only-rota` skips them, and `--peers` names others, e.g.
+`--peers pgqueuer,pgqueuer-uvloop,procrastinate,graphile-worker`.
 
     python -m bench.run [--rounds 2] [--jobs 20000] [--quick] [--json results.json]
 """
@@ -59,7 +62,8 @@ class Plan:
     gap: float = 0.015
     concurrency: int = 100
     rounds: int = 2
-    """Two keep `make bench` near five minutes on the 2-core machine; more narrow the spread."""
+    """Two keep `make bench` near nine minutes on the loaded 2-core machine (four queue
+    setups); more narrow the spread."""
     done_rows: int = 2_000_000
     procrastinate_jobs: int = 4_000
     """procrastinate fetches and finishes one job per transaction: a smaller drain
