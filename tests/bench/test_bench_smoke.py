@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 
 from bench.measure import percentile  # noqa: E402
 from bench.peers import GRAPHILE_SETUPS, graphile_installed  # noqa: E402
-from bench.run import GOALS, METRICS, PGQUEUER_SETUPS  # noqa: E402
+from bench.run import GOALS, METRICS, PGQUEUER_SETUPS, churn_goal  # noqa: E402
 
 ROTA_METRICS = {m.key for m in METRICS}
 PEER_METRICS = ROTA_METRICS - {
@@ -54,6 +54,25 @@ def run_module(module: str, *args: str, timeout: float = 280) -> str:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def test_the_churn_goal_is_read_from_the_last_churn_run(tmp_path: Path) -> None:
+    missing = churn_goal(str(tmp_path / "none.json"))
+    assert missing["met"] is None and "run make bench-churn" in missing["goal"]
+    found = tmp_path / "churn.json"
+    found.write_text(
+        json.dumps(
+            {
+                "goals": [
+                    {"queue": "rota", "goal": "held p99 / pgqueuer's held p99", "value": 0.3},
+                    {"queue": "rota", "goal": "held p99 / own steady p99", "value": 2.5,
+                     "met": False},
+                ]
+            }
+        )
+    )  # fmt: skip
+    row = churn_goal(str(found))
+    assert (row["rota"], row["met"], row["target"]) == (2.5, False, "<= 2.0")
 
 
 def test_percentile_is_nearest_rank() -> None:
