@@ -64,6 +64,26 @@ def is_unavailable(exc: BaseException) -> bool:
     return state.startswith(OUTAGE_SQLSTATES)
 
 
+class RefusedByDatabase(InvalidInput, DatabaseError):
+    """A value the database's own checks refused (docs/limits.md).
+
+    Both kinds at once: the caller who gave the value catches `InvalidInput`,
+    as for Python's own checks; a loop that treats any refused statement as
+    the statement's business (the worker's, the scheduler's) catches
+    `DatabaseError`, as before the database checked."""
+
+
+REFUSED_INPUT_SQLSTATE = "22023"
+"""invalid_parameter_value: what the checks of migration 0024 (and rota.enqueue()
+in SQL) raise for a value outside docs/limits.md, with the limit's reason."""
+
+
+def refusal(exc: psycopg.Error) -> str:
+    """The one-line reason of a value the database refused."""
+    message = exc.diag.message_primary or str(exc)
+    return message.splitlines()[0] if message else "the database refused a value"
+
+
 @contextlib.contextmanager
 def errors_wrapped() -> Iterator[None]:
     """Turn psycopg errors raised inside the block into Rota's."""
@@ -72,6 +92,8 @@ def errors_wrapped() -> Iterator[None]:
     except psycopg.Error as exc:
         if is_unavailable(exc):
             raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
+        if exc.sqlstate == REFUSED_INPUT_SQLSTATE:
+            raise RefusedByDatabase(refusal(exc)) from exc
         raise DatabaseError(f"{type(exc).__name__}: {exc}".strip()) from exc
     except UnicodeEncodeError as exc:
         # A value that cannot even be sent (a lone surrogate): the statement is
