@@ -27,6 +27,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from rota.reading import tolerant
 
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
@@ -172,8 +173,9 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
 def fetch_all(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run a statement and return its rows as dicts, whatever the connection's row
     factory and cursor class (a Django connection's client-side cursors cannot send
-    binary parameters)."""
-    with errors_wrapped(), psycopg.Cursor(conn, row_factory=dict_row) as cur:
+    binary parameters). A value Python cannot hold (a time of infinity, JSON nested
+    too deep) comes back as its text (rota.reading), never as an error."""
+    with errors_wrapped(), tolerant(psycopg.Cursor(conn, row_factory=dict_row)) as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
@@ -183,7 +185,7 @@ async def afetch_all(
 ) -> list[dict[str, Any]]:
     """`fetch_all()` on an `AsyncConnection`."""
     with errors_wrapped():
-        async with psycopg.AsyncCursor(conn, row_factory=dict_row) as cur:
+        async with tolerant(psycopg.AsyncCursor(conn, row_factory=dict_row)) as cur:
             await cur.execute(sql, params)
             return await cur.fetchall() if cur.description else []
 
