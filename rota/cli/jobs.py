@@ -189,7 +189,7 @@ def cmd_dead_retry(args: argparse.Namespace) -> int:
         raise UsageError(f"no job with id {', '.join(map(str, unknown))}")
     result = control.retry_report(database_url(), args.ids, all_matching=args.all)
     revived = result.revived
-    listed = revived if not args.all or len(revived) <= _LISTED else revived[:_LISTED] + ["..."]
+    listed = revived if not args.all or len(revived) <= _LISTED else [*revived[:_LISTED], "..."]
     print(f"{len(revived)} job(s) back to ready" + (f": {listed}" if revived else ""))
     by_reason: dict[str, list[int]] = {}
     for job_id, reason in result.left.items():
