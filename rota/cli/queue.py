@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--run-at", help="ISO-8601 instant to run at (UTC when no offset)")
     when.add_argument("--delay", type=checked(float, limits.delay_seconds), help="seconds from now")
-    p.add_argument("--max-attempts", type=positive_int)
+    p.add_argument("--max-attempts", type=checked(int, limits.whole))  # the rule of the API
     p.add_argument(
         "--priority", type=checked(int, limits.priority), help="0 (runs first) to 9; default 0"
     )
