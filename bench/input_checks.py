@@ -1,9 +1,11 @@
 """What the database's input checks (migration 0024) cost an enqueue.
 
 Enqueues the same jobs with the checking triggers enabled and disabled, in
-alternating rounds on one database, and prints the median time per job of each:
-one job per statement (rota.enqueue from Python and rota.enqueue() in SQL) and
-batches of 1,000 (rota.enqueue_many). The payloads are small (a few keys) and
+alternating rounds on one database (each case on an emptied table, enabled
+and disabled taking turns going first), and prints the median time per job of each:
+one job per statement (rota.enqueue from Python and rota.enqueue() in SQL),
+batches of 1,000 (rota.enqueue_many), and one INSERT of 20,000 rows (the
+trigger's cost alone, without round trips). The payloads are small (a few keys) and
 large (a 200 KB document), since the checks walk the payload.
 
     python -m bench.input_checks postgresql://.../db   # a migrated database
@@ -55,15 +57,19 @@ def main(url: str, rounds: int = 5) -> None:
         "enqueue_many x1000, small": lambda c: len(
             rota.enqueue_many(c, [rota.NewJob("t", SMALL) for _ in range(1000)])
         ),
+        "INSERT of 20,000 rows, small (server only)": lambda c: c.execute(
+            "INSERT INTO rota.job (type, payload) SELECT 't', %s FROM generate_series(1, 20000)",
+            (psycopg.types.json.Jsonb(SMALL),),
+        ).rowcount,
     }
     with psycopg.connect(url, autocommit=True) as conn:
         results: dict[tuple[str, bool], list[float]] = {}
-        for _ in range(rounds):
-            for on in (False, True):
+        for n in range(rounds):
+            for on in (False, True) if n % 2 else (True, False):  # each goes first in turn
                 _set_checks(conn, on)
                 for name, case in cases.items():
+                    conn.execute("TRUNCATE rota.job")  # each case on an empty table
                     results.setdefault((name, on), []).append(_per_job(case, conn))
-                conn.execute("TRUNCATE rota.job")
         _set_checks(conn, True)
     print("| case | without checks (µs/job) | with checks (µs/job) | ratio |")
     print("|---|---|---|---|")
