@@ -27,7 +27,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
-from rota.reading import tolerant
+from rota.reading import make_tolerant, tolerant
 
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
@@ -119,6 +119,7 @@ def connect(
             application_name=kwargs.pop("application_name", APPLICATION_NAME),
             **kwargs,
         )
+    make_tolerant(conn.adapters)
     return conn
 
 
@@ -163,6 +164,7 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
         conn: AConn = await psycopg.AsyncConnection.connect(
             aconn_or_dsn, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
         )
+        make_tolerant(conn.adapters)
     try:
         with errors_wrapped():
             yield conn

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from psycopg import AsyncCursor, Cursor, DataError, adapters, pq
-from psycopg.adapt import Buffer, Loader
+from psycopg.adapt import AdaptersMap, Buffer, Loader
 from psycopg.postgres import types as pg_types
 from psycopg.types.json import JsonbLoader, JsonLoader
 
@@ -154,6 +154,8 @@ class TolerantJson(JsonLoader):
             return RawJson(_text(data))
 
 
+_TIMESTAMPTZ = pg_types["timestamptz"].oid
+
 _TOLERANT: dict[str, tuple[type[Loader], type[Loader]]] = {
     "timestamptz": (TolerantTimestamptz._inner, TolerantTimestamptz),
     "interval": (TolerantInterval._inner, TolerantInterval),
@@ -165,11 +167,19 @@ _TOLERANT: dict[str, tuple[type[Loader], type[Loader]]] = {
 CursorT = TypeVar("CursorT", Cursor[Any], AsyncCursor[Any])
 
 
-def tolerant(cur: CursorT) -> CursorT:
-    """`cur` reading with the loaders above, where its connection's are psycopg's."""
-    own = cur.connection.adapters
+def make_tolerant(adapters_map: AdaptersMap) -> None:
+    """Register the loaders above on a connection (or cursor) where its loaders
+    are psycopg's own: once per connection Rota opens, so its statements pay
+    nothing for them."""
     for name, (default, loader) in _TOLERANT.items():
         oid = pg_types[name].oid
-        if own.get_loader(oid, _TEXT) is default:
-            cur.adapters.register_loader(oid, loader)
+        if adapters_map.get_loader(oid, _TEXT) is default:
+            adapters_map.register_loader(oid, loader)
+
+
+def tolerant(cur: CursorT) -> CursorT:
+    """`cur` reading with the loaders above: its connection's when Rota opened it,
+    else registered on this cursor alone (a caller's connection is not changed)."""
+    if cur.connection.adapters.get_loader(_TIMESTAMPTZ, _TEXT) is not TolerantTimestamptz:
+        make_tolerant(cur.adapters)
     return cur
