@@ -57,10 +57,12 @@ def main(url: str, rounds: int = 5) -> None:
         "enqueue_many x1000, small": lambda c: len(
             rota.enqueue_many(c, [rota.NewJob("t", SMALL) for _ in range(1000)])
         ),
-        "INSERT of 20,000 rows, small (server only)": lambda c: c.execute(
-            "INSERT INTO rota.job (type, payload) SELECT 't', %s FROM generate_series(1, 20000)",
-            (psycopg.types.json.Jsonb(SMALL),),
-        ).rowcount,
+        "INSERT of 20,000 rows, small (server only)": lambda c: (
+            c.execute(
+                "INSERT INTO rota.job (type, payload) SELECT 't', %s FROM generate_series(1, 20000)",
+                (psycopg.types.json.Jsonb(SMALL),),
+            ).rowcount
+        ),
     }
     with psycopg.connect(url, autocommit=True) as conn:
         results: dict[tuple[str, bool], list[float]] = {}
