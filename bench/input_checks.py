@@ -59,7 +59,8 @@ def main(url: str, rounds: int = 5) -> None:
         ),
         "INSERT of 20,000 rows, small (server only)": lambda c: (
             c.execute(
-                "INSERT INTO rota.job (type, payload) SELECT 't', %s FROM generate_series(1, 20000)",
+                "INSERT INTO rota.job (type, payload)"
+                " SELECT 't', %s FROM generate_series(1, 20000)",
                 (psycopg.types.json.Jsonb(SMALL),),
             ).rowcount
         ),
