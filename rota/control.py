@@ -82,8 +82,9 @@ def retry_report(
     now: datetime | None = None,
 ) -> RetryResult:
     """`retry`, saying which jobs were left and why. With `all_matching`, every
-    job of the statuses, in batches of BATCH_SIZE (each its own transaction on
-    an autocommit connection) walking on in id order, so none is taken twice."""
+    job of the statuses, oldest first, in batches of BATCH_SIZE (each its own
+    transaction on an autocommit connection) until a batch finds fewer; a job
+    one batch left is passed over by the next ones."""
     for status in statuses:
         if status not in RETRYABLE:
             raise InvalidInput(f"only {', '.join(RETRYABLE)} jobs can be retried, not {status}")
@@ -91,17 +92,17 @@ def retry_report(
     rows: list[dict[str, Any]] = []
     with connection(conn_or_dsn) as conn:
         if wanted is not None:
-            params = {"ids": wanted, "statuses": list(statuses), "limit": None, "after": None}
+            params = {"ids": wanted, "statuses": list(statuses), "limit": None, "skip": None}
             rows = _retry_batch(conn, {**params, "now": now})
         for status in statuses if wanted is None else ():
-            after = None
+            skip: list[int] = []  # left by earlier batches: never taken again
             while True:
-                params = {"ids": None, "statuses": [status], "limit": BATCH_SIZE, "after": after}
+                params = {"ids": None, "statuses": [status], "limit": BATCH_SIZE, "skip": skip}
                 batch = _retry_batch(conn, {**params, "now": now})
                 rows += batch
+                skip += [row["id"] for row in batch if not row["revived"]]
                 if len(batch) < BATCH_SIZE:
                     break
-                after = batch[-1]["id"]
     left = {row["id"]: _why_left(row) for row in rows if not row["revived"]}
     named = {row["id"] for row in rows}
     left |= {id_: "not " + "/".join(statuses) for id_ in wanted or () if id_ not in named}

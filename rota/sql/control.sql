@@ -4,9 +4,10 @@
 -- name: retry_jobs
 -- Bring ended jobs (dead, failed or cancelled) back to ready with a fresh set
 -- of attempts; the last error stays for the record. Given ids: those of them
--- in the statuses. Without ids (`retry --all`): one capped batch of the next
--- ones of one status in id order after %(after)s (rota/control.py walks on
--- from the batch's last id, so a job left out is never taken again).
+-- in the statuses. Without ids (`retry --all`): one capped batch of the oldest
+-- of one status, through job_ended_idx; revived rows leave the status, so the
+-- next batch starts from the beginning again, past the jobs earlier batches
+-- left (%(skip)s: rota/control.py keeps them, so none is taken twice).
 -- A job enqueued with unique_active comes back only while no ready or running
 -- job holds its key, and of several with one key in the batch, the newest:
 -- its key's unique index (job_unique_active_idx) admits one active job. Every
@@ -18,8 +19,8 @@ WITH candidates AS (
     SELECT id, unique_key, unique_active FROM rota.job
     WHERE status = ANY(%(statuses)s::text[])
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-      AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
-    ORDER BY id
+      AND NOT id = ANY(coalesce(%(skip)s::bigint[], '{}'))
+    ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE
 ),
