@@ -65,9 +65,10 @@ def migrate(
                 conn.execute(text.encode())
                 fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
                 applied_now.append(number)
-        with conn.transaction():
-            fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
-            grants.apply(conn, roles)
+        if applied_now or any(roles.values()):  # a run that changes nothing grants nothing
+            with conn.transaction():
+                fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
+                grants.apply(conn, roles)
         for kind, names in roles.items():
             for role in names:
                 log.info("granted the %s rights on schema rota to %s", kind, role)
