@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 from rota import limits, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
-from rota.errors import InvalidInput
+from rota.errors import DatabaseError, InvalidInput
 from rota.jobs import Status
 
 ALL_TYPES = "*"
@@ -44,6 +46,17 @@ class CancelResult:
         return len(self.ended) + len(self.requested)
 
 
+@dataclasses.dataclass(frozen=True)
+class RetryResult:
+    revived: list[int]
+    """Jobs back to ready, in id order."""
+    left: dict[int, str]
+    """Jobs asked for and left as they were, each with the reason: "not dead"
+    (or not of the statuses asked for), "key held by job N" (a unique_active
+    job whose key an active job holds), "key kept for job N" (a newer job of
+    the same retry with that key came back instead)."""
+
+
 def retry(
     conn_or_dsn: ConnOrDsn,
     ids: Sequence[int] = (),
@@ -53,28 +66,84 @@ def retry(
     now: datetime | None = None,
 ) -> list[int]:
     """Jobs of `statuses` (given by id, or all of them) back to ready with fresh
-    attempts; returns the ids revived. Others are left alone."""
+    attempts; returns the ids revived. Others are left alone (`retry_report`
+    says why)."""
+    return retry_report(
+        conn_or_dsn, ids, all_matching=all_matching, statuses=statuses, now=now
+    ).revived
+
+
+def retry_report(
+    conn_or_dsn: ConnOrDsn,
+    ids: Sequence[int] = (),
+    *,
+    all_matching: bool = False,
+    statuses: Sequence[Status] = (Status.DEAD,),
+    now: datetime | None = None,
+) -> RetryResult:
+    """`retry`, saying which jobs were left and why. With `all_matching`, every
+    job of the statuses, oldest first, in batches of BATCH_SIZE (each its own
+    transaction on an autocommit connection) until a batch finds fewer; a job
+    one batch left is passed over by the next ones."""
     for status in statuses:
         if status not in RETRYABLE:
             raise InvalidInput(f"only {', '.join(RETRYABLE)} jobs can be retried, not {status}")
-    if all_matching:
-        with connection(conn_or_dsn) as conn:
-            return sorted(
-                id_
-                for status in statuses
-                for id_ in _batches(
-                    conn, "retry_jobs", {"statuses": [status], "ids": None, "now": now}
-                )
-            )
-    params = {"ids": limits.job_ids(ids), "statuses": list(statuses), "limit": None, "now": now}
+    wanted = None if all_matching else limits.job_ids(ids)
+    rows: list[dict[str, Any]] = []
     with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("retry_jobs"), params)
-    return [row["id"] for row in rows]
+        if wanted is not None:
+            params = {"ids": wanted, "statuses": list(statuses), "limit": None, "skip": None}
+            rows = _retry_batch(conn, {**params, "now": now})
+        for status in statuses if wanted is None else ():
+            skip: list[int] = []  # left by earlier batches: never taken again
+            while True:
+                params = {"ids": None, "statuses": [status], "limit": BATCH_SIZE, "skip": skip}
+                batch = _retry_batch(conn, {**params, "now": now})
+                rows += batch
+                skip += [row["id"] for row in batch if not row["revived"]]
+                if len(batch) < BATCH_SIZE:
+                    break
+    left = {row["id"]: _why_left(row) for row in rows if not row["revived"]}
+    named = {row["id"] for row in rows}
+    left |= {id_: "not " + "/".join(statuses) for id_ in wanted or () if id_ not in named}
+    return RetryResult(
+        sorted(row["id"] for row in rows if row["revived"]), dict(sorted(left.items()))
+    )
+
+
+_RACE_TRIES = 3
+"""Runs of a retry batch when a job enqueued meanwhile takes a key it revives."""
+
+
+def _retry_batch(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """One retry statement in a savepoint (a transaction of its own on an
+    autocommit connection). A unique_active job enqueued while it ran makes its
+    UPDATE fail on the key's unique index: run again, it sees that job and
+    names it; past _RACE_TRIES such losses, a clear refusal."""
+    for _ in range(_RACE_TRIES):
+        try:
+            with conn.transaction():
+                return fetch_all(conn, sql.query("retry_jobs"), params)
+        except DatabaseError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise
+    raise InvalidInput(
+        "jobs with the same unique keys were enqueued while these were retried, "
+        f"{_RACE_TRIES} times: retry again"
+    )
+
+
+def _why_left(row: dict[str, Any]) -> str:
+    if row["held_by"] is not None:
+        return f"key held by job {row['held_by']}"
+    if row["newer"] is not None:
+        return f"key kept for job {row['newer']}"
+    return "left as it was"
 
 
 def _batches(conn: Conn, query: str, params: dict[str, Any]) -> list[int]:
     """Run a capped batch statement until one changes fewer than BATCH_SIZE rows
-    (the changed rows leave what the statement matches); the ids changed."""
+    (every row it matches changes and leaves what it matches); the ids changed."""
     changed: list[int] = []
     while True:
         rows = fetch_all(conn, sql.query(query), {**params, "limit": BATCH_SIZE})

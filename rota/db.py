@@ -27,6 +27,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from rota.reading import make_tolerant, tolerant
 
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
@@ -64,6 +65,26 @@ def is_unavailable(exc: BaseException) -> bool:
     return state.startswith(OUTAGE_SQLSTATES)
 
 
+class RefusedByDatabase(InvalidInput, DatabaseError):
+    """A value the database's own checks refused (docs/limits.md).
+
+    Both kinds at once: the caller who gave the value catches `InvalidInput`,
+    as for Python's own checks; a loop that treats any refused statement as
+    the statement's business (the worker's, the scheduler's) catches
+    `DatabaseError`, as before the database checked."""
+
+
+REFUSED_INPUT_SQLSTATE = "22023"
+"""invalid_parameter_value: what the checks of migration 0024 (and rota.enqueue()
+in SQL) raise for a value outside docs/limits.md, with the limit's reason."""
+
+
+def refusal(exc: psycopg.Error) -> str:
+    """The one-line reason of a value the database refused."""
+    message = exc.diag.message_primary or str(exc)
+    return message.splitlines()[0] if message else "the database refused a value"
+
+
 @contextlib.contextmanager
 def errors_wrapped() -> Iterator[None]:
     """Turn psycopg errors raised inside the block into Rota's."""
@@ -72,6 +93,8 @@ def errors_wrapped() -> Iterator[None]:
     except psycopg.Error as exc:
         if is_unavailable(exc):
             raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
+        if exc.sqlstate == REFUSED_INPUT_SQLSTATE:
+            raise RefusedByDatabase(refusal(exc)) from exc
         raise DatabaseError(f"{type(exc).__name__}: {exc}".strip()) from exc
     except UnicodeEncodeError as exc:
         # A value that cannot even be sent (a lone surrogate): the statement is
@@ -96,6 +119,7 @@ def connect(
             application_name=kwargs.pop("application_name", APPLICATION_NAME),
             **kwargs,
         )
+    make_tolerant(conn.adapters)
     return conn
 
 
@@ -140,6 +164,7 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
         conn: AConn = await psycopg.AsyncConnection.connect(
             aconn_or_dsn, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
         )
+        make_tolerant(conn.adapters)
     try:
         with errors_wrapped():
             yield conn
@@ -150,8 +175,9 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
 def fetch_all(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run a statement and return its rows as dicts, whatever the connection's row
     factory and cursor class (a Django connection's client-side cursors cannot send
-    binary parameters)."""
-    with errors_wrapped(), psycopg.Cursor(conn, row_factory=dict_row) as cur:
+    binary parameters). A value Python cannot hold (a time of infinity, JSON nested
+    too deep) comes back as its text (rota.reading), never as an error."""
+    with errors_wrapped(), tolerant(psycopg.Cursor(conn, row_factory=dict_row)) as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
@@ -161,7 +187,7 @@ async def afetch_all(
 ) -> list[dict[str, Any]]:
     """`fetch_all()` on an `AsyncConnection`."""
     with errors_wrapped():
-        async with psycopg.AsyncCursor(conn, row_factory=dict_row) as cur:
+        async with tolerant(psycopg.AsyncCursor(conn, row_factory=dict_row)) as cur:
             await cur.execute(sql, params)
             return await cur.fetchall() if cur.description else []
 

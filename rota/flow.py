@@ -132,4 +132,4 @@ def _job_type(value: Any) -> str:
         raise InvalidInput("give the job type to limit (a non-empty string)")
     if value == "*":
         raise InvalidInput("limits are per job type: '*' is not a job type")
-    return limits.text(value, "job type")
+    return limits.name(value, "job type")  # the rule of enqueue: the same names

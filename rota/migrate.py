@@ -6,10 +6,10 @@ nothing left to do. Each migration is recorded in the same transaction that
 applies it, so a crash leaves either all of it or none of it.
 
 Migrations run as the schema's owner. The processes that only use the schema
-(workers, schedulers, reapers, the operator, the console) can run as a role of
-their own that `migrate(..., grant=[role])` gives exactly the rights they need
-(rota/sql/privileges.sql): no CREATE on the schema, no ownership, so that role
-cannot change the schema.
+(workers, schedulers, reapers, the operator, the console, an application that
+only enqueues, a dashboard) can run as roles of their own that `migrate()`
+gives exactly the rights they need (rota/grants.py): no CREATE on the schema,
+no ownership, so none of them can change the schema.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import time
 from collections.abc import Sequence
 
 import psycopg
-from psycopg import sql as pgsql
 
-from rota import limits, sql
+from rota import grants, sql
 from rota.db import Conn, ConnOrDsn, connection, errors_wrapped, fetch_all
 from rota.errors import DatabaseError, InvalidInput, MigrationError
 
@@ -30,31 +29,32 @@ log = logging.getLogger(__name__)
 # Any fixed number will do; it only has to be the same in every process.
 _LOCK_ID = 0x726F7461  # "rota"
 
-PREDEFINED_ROLE_PREFIX = "pg_"
-"""PostgreSQL reserves role names starting so for its predefined roles
-(pg_read_all_data, pg_monitor, ...): `--grant` refuses them."""
 
-
-def migrate(conn_or_dsn: ConnOrDsn, grant: Sequence[str] = ()) -> list[int]:
+def migrate(
+    conn_or_dsn: ConnOrDsn,
+    grant: Sequence[str] = (),
+    *,
+    grant_worker: Sequence[str] = (),
+    grant_enqueue: Sequence[str] = (),
+    grant_read: Sequence[str] = (),
+) -> list[int]:
     """Apply every migration not yet applied; return the numbers applied now.
 
-    Then give each role in `grant` the runtime rights on every object of the
-    schema (again each time, so objects of new migrations are covered). A role
+    Then give each named role exactly the rights of its kind on every object of
+    the schema (rota/grants.py; again each time, so objects of new migrations
+    are covered): `grant_worker` the workers' and the operator's, `grant` those
+    and the console's tables (the runtime grant of 0.3), `grant_enqueue`
+    EXECUTE on rota.enqueue (and rota.emit) only, `grant_read` SELECT. A role
     that does not exist, or a predefined role of PostgreSQL (pg_*, which would
     hand Rota's tables to everybody it is granted to), is `InvalidInput`,
     raised before anything is changed.
     """
-    roles = limits.names(grant, "--grant roles")
-    for role in roles:
-        if role.startswith(PREDEFINED_ROLE_PREFIX):
-            raise InvalidInput(
-                f"--grant: {role!r} is a predefined role of PostgreSQL: grant to a role of your own"
-            )
+    roles = grants.checked(
+        {"runtime": grant, "worker": grant_worker, "enqueue": grant_enqueue, "read": grant_read}
+    )
     applied_now: list[int] = []
     with connection(conn_or_dsn) as conn, errors_wrapped():
-        for role in roles:
-            if not fetch_all(conn, sql.query("role_exists"), {"role": role})[0]["found"]:
-                raise InvalidInput(f"--grant: no database role named {role!r} (create it first)")
+        grants.require_roles(conn, roles)
         for number, name, text in sql.migrations():
             with conn.transaction():
                 fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
@@ -65,13 +65,13 @@ def migrate(conn_or_dsn: ConnOrDsn, grant: Sequence[str] = ()) -> list[int]:
                 conn.execute(text.encode())
                 fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
                 applied_now.append(number)
-        if roles:
+        if applied_now or any(roles.values()):  # a run that changes nothing grants nothing
             with conn.transaction():
                 fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
-                for role in dict.fromkeys(roles):
-                    statement = pgsql.SQL(sql.query("grant_runtime"))
-                    conn.execute(statement.format(role=pgsql.Identifier(role)))
-                    log.info("granted the runtime rights on schema rota to %s", role)
+                grants.apply(conn, roles)
+        for kind, names in roles.items():
+            for role in names:
+                log.info("granted the %s rights on schema rota to %s", kind, role)
     return applied_now
 
 

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from rota import cron, limits, schedule_store, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.errors import DatabaseError, InvalidInput
+from rota.reading import RawInstant, RawJson
 from rota.services import Service
 from rota.settings import QueueSettings
 
@@ -81,6 +82,16 @@ class SchedulerResult:
             self.skipped + other.skipped,
             self.capped or other.capped,
         )
+
+
+def _unreadable(row: dict[str, Any]) -> str:
+    """Why a due schedule's row cannot make its job ("" when it can): a value
+    Python cannot hold, read as its text by rota.reading."""
+    if isinstance(row["next_run_at"], RawInstant):
+        return f"next_run_at is {row['next_run_at']}"
+    if isinstance(row["payload"], RawJson):
+        return f"payload is nested too deep to read ({len(row['payload'])} bytes)"
+    return ""
 
 
 class Scheduler(Service):
@@ -149,6 +160,13 @@ class Scheduler(Service):
             log.error("schedule %r cannot be computed: %s", row["name"], exc)
             self._advance(conn, row, tick + timedelta(hours=1), None, 0, 0)
             return SchedulerResult(schedules=1)
+        unreadable = _unreadable(row)
+        if unreadable:  # written around the checks: this slot is passed over, alone
+            log.error("schedule %r: unreadable row: %s; slot passed over", row["name"], unreadable)
+            self._advance(
+                conn, row, schedule.next_slot(tick) or tick + timedelta(days=1), None, 1, 0
+            )
+            return SchedulerResult(schedules=1, missed=1)
         count, latest = schedule.due(row["next_run_at"], tick)
         next_run_at = schedule.next_slot(tick) or tick + timedelta(days=1)
         if latest is None:  # next_run_at was not a slot (a new built-in row): realign

@@ -10,11 +10,12 @@ This module only reads; it never changes a row.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from rota import sql
+from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.flow import Limit, list_limits
 from rota.jobs import Status
@@ -162,6 +163,16 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
     )
 
 
+def age(seconds: Any) -> float:
+    """An age in seconds as the database computed it, never negative and always
+    finite: a ready job at `-infinity` (a row written around Rota's checks, see
+    rota.reading) reads as one due since 1970-01-01, the earliest time Rota takes."""
+    value = float(seconds)
+    if not math.isfinite(value):
+        return (datetime.now(UTC) - limits.MIN_INSTANT).total_seconds()
+    return max(value, 0.0)
+
+
 def _types(
     rows: Iterable[dict[str, Any]], paused: Sequence[str], limits: Sequence[Limit] = ()
 ) -> dict[str, TypeStatus]:
@@ -173,7 +184,7 @@ def _types(
         fields[row["status"]] = int(row["jobs"])
         if row["status"] == Status.READY:
             fields["due"] = int(row["due"])
-            fields["oldest_ready_age_seconds"] = max(0.0, float(row["oldest_ready_age_seconds"]))
+            fields["oldest_ready_age_seconds"] = age(row["oldest_ready_age_seconds"])
     every = "*" in paused
     return {
         t: TypeStatus(**fields, paused=every or t in paused)
@@ -196,7 +207,7 @@ def queue_age(
         row = fetch_all(conn, sql.query("queue_age"), params)[0]
         paused = fetch_all(conn, sql.query("paused_among"), params)
     return QueueAge(
-        max(float(row["oldest_ready_age_seconds"]), 0.0),
+        age(row["oldest_ready_age_seconds"]),
         int(row["ready_jobs"]),
         int(row["running_jobs"]),
         tuple(r["type"] for r in paused),

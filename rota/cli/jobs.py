@@ -11,6 +11,7 @@ from typing import Any
 from rota import control, limits, lookup
 from rota.cli.common import UsageError, database_url, positive_int, print_json
 from rota.jobs import Job, Status
+from rota.reading import RawJson
 
 
 def register(sub: Any) -> None:
@@ -112,21 +113,26 @@ def _described(row: dict[str, Any]) -> str:
     plain["attempts"] = f"{row['attempts']} of {row['max_attempts']}"
     blocks: dict[str, str] = {}
     for name in ("payload", "result"):
-        text = json.dumps(row.get(name), default=str)
+        raw = isinstance(row.get(name), RawJson)  # too deep for Python: its text as stored
+        text = row[name] if raw else json.dumps(row.get(name), default=str)
         if len(text) <= 80:
             plain[name] = text if row.get(name) is not None else None
         else:
-            blocks[name] = json.dumps(row[name], indent=2, default=str)
+            blocks[name] = text if raw else json.dumps(row[name], indent=2, default=str)
     width = max(len(name) for name in plain)
     lines = [f"{name.ljust(width)}  {_value(value)}" for name, value in plain.items()]
     for name, text in blocks.items():
         lines += [f"{name}:", *(f"  {line}" for line in text.splitlines())]
-    earlier = [e for e in row.get("errors") or [] if e.get("error") != row.get("last_error")]
+    errors = row.get("errors")
+    listed = errors if isinstance(errors, list) else []  # any other shape: not Rota's
+    earlier = [e for e in listed if isinstance(e, dict) and e.get("error") != row.get("last_error")]
     for error in earlier:
         lines.append(f"error of attempt {error.get('attempt')} ({_value(error.get('at'))}):")
         lines += [f"  {line}" for line in str(error.get("error") or "").splitlines()]
+    if errors is not None and not isinstance(errors, list):
+        lines += ["errors:", f"  {_value(errors)}"]
     if row.get("last_error"):
-        lines += ["last_error:", *(f"  {line}" for line in row["last_error"].splitlines())]
+        lines += ["last_error:", *(f"  {line}" for line in str(row["last_error"]).splitlines())]
     return "\n".join(lines) + "\n"
 
 
@@ -181,9 +187,17 @@ def cmd_dead_retry(args: argparse.Namespace) -> int:
     unknown = lookup.unknown_ids(database_url(), args.ids)
     if unknown:
         raise UsageError(f"no job with id {', '.join(map(str, unknown))}")
-    revived = control.retry_dead(database_url(), args.ids, all_dead=args.all)
-    missing = sorted(set(args.ids) - set(revived))
-    print(f"{len(revived)} job(s) back to ready" + (f": {revived}" if revived else ""))
-    if missing:
-        print(f"not dead (left alone): {missing}")
+    result = control.retry_report(database_url(), args.ids, all_matching=args.all)
+    revived = result.revived
+    listed = revived if not args.all or len(revived) <= _LISTED else [*revived[:_LISTED], "..."]
+    print(f"{len(revived)} job(s) back to ready" + (f": {listed}" if revived else ""))
+    by_reason: dict[str, list[int]] = {}
+    for job_id, reason in result.left.items():
+        by_reason.setdefault("not dead" if reason.startswith("not ") else reason, []).append(job_id)
+    for reason, ids in by_reason.items():
+        print(f"{reason} (left alone): {ids}")
     return 0
+
+
+_LISTED = 20
+"""Ids `dead retry --all` lists of the jobs it revived (the count is always given)."""

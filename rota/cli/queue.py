@@ -23,13 +23,8 @@ from rota.settings import QueueSettings
 
 def register(sub: Any) -> None:
     p = sub.add_parser("migrate", help="create or upgrade the rota schema")
-    p.add_argument(
-        "--grant",
-        action="append",
-        default=[],
-        metavar="ROLE[,ROLE]",
-        help="give existing roles the rights the workers and the operator need (repeatable)",
-    )
+    for flag, text in GRANT_FLAGS.items():
+        p.add_argument(flag, action="append", default=[], metavar="ROLE[,ROLE]", help=text)
     p.add_argument(
         "--key-index",
         choices=KEY_INDEXES,
@@ -46,7 +41,7 @@ def register(sub: Any) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--run-at", help="ISO-8601 instant to run at (UTC when no offset)")
     when.add_argument("--delay", type=checked(float, limits.delay_seconds), help="seconds from now")
-    p.add_argument("--max-attempts", type=positive_int)
+    p.add_argument("--max-attempts", type=checked(int, limits.whole))  # the rule of the API
     p.add_argument(
         "--priority", type=checked(int, limits.priority), help="0 (runs first) to 9; default 0"
     )
@@ -82,12 +77,35 @@ def register(sub: Any) -> None:
         p.set_defaults(func=func)
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    roles = [role.strip() for value in args.grant for role in value.split(",")]
+GRANT_FLAGS = {
+    "--grant-worker": "give existing roles exactly what workers, schedulers, reapers and the"
+    " operator need: no DDL, no console tables (repeatable)",
+    "--grant": "the runtime grant of 0.3: --grant-worker's rights and the console's tables"
+    " (repeatable)",
+    "--grant-enqueue": "give existing roles EXECUTE on rota.enqueue (and rota.emit) only"
+    " (repeatable)",
+    "--grant-read": "give existing roles SELECT for dashboards and the read-only console"
+    " (repeatable)",
+}
+
+
+def _roles(values: list[str], flag: str) -> list[str]:
+    roles = [role.strip() for value in values for role in value.split(",")]
     if "" in roles:
-        raise UsageError("--grant needs role names, e.g. --grant rota_worker")
+        raise UsageError(f"{flag} needs role names, e.g. {flag} rota_worker")
+    return roles
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    grants = {flag: _roles(getattr(args, flag[2:].replace("-", "_")), flag) for flag in GRANT_FLAGS}
     dsn = database_url()
-    applied = migrate(dsn, grant=roles)
+    applied = migrate(
+        dsn,
+        grant=grants["--grant"],
+        grant_worker=grants["--grant-worker"],
+        grant_enqueue=grants["--grant-enqueue"],
+        grant_read=grants["--grant-read"],
+    )
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
     if args.key_index:
         changed = use_key_index(dsn, args.key_index)

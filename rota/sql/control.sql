@@ -4,29 +4,40 @@
 -- name: retry_jobs
 -- Bring ended jobs (dead, failed or cancelled) back to ready with a fresh set
 -- of attempts; the last error stays for the record. Given ids: those of them
--- in the statuses. Without ids (`retry --all`): one capped batch of the
--- oldest of one status, through job_ended_idx; revived rows leave the status,
--- so the next batch starts from the beginning again.
+-- in the statuses. Without ids (`retry --all`): one capped batch of the oldest
+-- of one status, through job_ended_idx; revived rows leave the status, so the
+-- next batch starts from the beginning again, past the jobs earlier batches
+-- left (%(skip)s: rota/control.py keeps them, so none is taken twice).
 -- A job enqueued with unique_active comes back only while no ready or running
 -- job holds its key, and of several with one key in the batch, the newest:
--- its key's unique index (job_unique_active_idx) admits one active job. Those
--- left out stay ended (and a batch that left some out ends `retry --all`).
+-- its key's unique index (job_unique_active_idx) admits one active job. Every
+-- candidate comes back as a row: revived, or why not (held_by: the active job
+-- that holds its key; newer: the job of the batch revived with that key). A
+-- holder enqueued while this runs makes the UPDATE fail on the unique index;
+-- rota/control.py runs the batch again, which then names it.
 WITH candidates AS (
     SELECT id, unique_key, unique_active FROM rota.job
     WHERE status = ANY(%(statuses)s::text[])
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND NOT id = ANY(coalesce(%(skip)s::bigint[], '{}'))
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE
 ),
+keyed AS (
+    SELECT c.id,
+           (SELECT held.id FROM rota.job AS held
+            WHERE held.unique_key = c.unique_key AND held.unique_active
+              AND held.status IN ('ready', 'running')
+            LIMIT 1) AS held_by,
+           (SELECT max(o.id) FROM candidates AS o
+            WHERE o.unique_active AND o.unique_key = c.unique_key) AS newest
+    FROM candidates AS c
+    WHERE c.unique_active
+),
 picked AS (
-    SELECT c.id FROM candidates AS c
-    WHERE NOT c.unique_active
-       OR (c.id = (SELECT max(o.id) FROM candidates AS o
-                   WHERE o.unique_active AND o.unique_key = c.unique_key)
-           AND NOT EXISTS (SELECT FROM rota.job AS held
-                           WHERE held.unique_key = c.unique_key AND held.unique_active
-                             AND held.status IN ('ready', 'running')))
+    SELECT c.id FROM candidates AS c LEFT JOIN keyed AS k ON k.id = c.id
+    WHERE NOT c.unique_active OR (k.held_by IS NULL AND k.newest = c.id)
 ),
 revived AS (
     UPDATE rota.job AS j
@@ -42,7 +53,13 @@ revived AS (
 woken AS (
     SELECT pg_notify('rota_jobs', '') FROM revived LIMIT 1
 )
-SELECT id FROM revived LEFT JOIN woken ON true ORDER BY id
+SELECT c.id, r.id IS NOT NULL AS revived, k.held_by,
+       CASE WHEN k.held_by IS NULL AND k.newest <> c.id THEN k.newest END AS newer
+FROM candidates AS c
+LEFT JOIN revived AS r ON r.id = c.id
+LEFT JOIN keyed AS k ON k.id = c.id
+LEFT JOIN woken ON true
+ORDER BY c.id
 
 -- name: existing_job_ids
 SELECT id FROM rota.job WHERE id = ANY(%(ids)s::bigint[])

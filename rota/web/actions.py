@@ -98,7 +98,10 @@ def retry_job(conn: Conn, who: Identity, job_id: int, now: datetime | None = Non
         status = _job_status(conn, job_id)
         if status not in control.RETRYABLE:
             raise Conflict(f"job {job_id} is {status}: only dead, failed or cancelled jobs retry")
-        ids = control.retry(conn, [job_id], statuses=control.RETRYABLE, now=now)
+        result = control.retry_report(conn, [job_id], statuses=control.RETRYABLE, now=now)
+        if job_id in result.left:  # a unique job whose key another job holds
+            raise Conflict(f"job {job_id} is {status}, left as it was: {result.left[job_id]}")
+        ids = result.revived
         _audit(conn, who, "retry", {"ids": [job_id]}, len(ids), now)
     return Done("retry", len(ids), f"job {job_id} is ready again")
 

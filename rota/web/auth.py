@@ -29,6 +29,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 VIEWER = "viewer"
 OPERATOR = "operator"
@@ -156,8 +157,40 @@ def new_session(
 ) -> NewSession:
     nonce = secrets.token_urlsafe(18)
     expires = int((now or time.time()) + SESSION_SECONDS)
-    body = {"u": name, "r": role, "exp": expires, "n": nonce}
+    body = {"u": name, "r": role, "exp": expires, "n": nonce, "t": token_mark(settings)}
     return NewSession(_signed(settings.secret, "session", body), session_id(nonce), expires)
+
+
+def token_mark(settings: AuthSettings) -> str:
+    """A mark of the console's token that a session cookie carries, so a cookie made
+    before the token changed is refused even when ROTA_WEB_SECRET (which signs the
+    cookies) stays the same. Not the token: a keyed hash of it."""
+    if not settings.token:
+        return ""
+    return _sign(settings.secret, b"token|" + settings.token.encode())[:22]
+
+
+def same_origin(
+    settings: AuthSettings, identity: Identity, headers: Mapping[str, str], client: str | None
+) -> bool:
+    """A POST comes from the console's own pages: its Origin (or, without one, its
+    Referer) names the host the request was sent to. A bearer token needs no check
+    (a browser never sends that header by itself); a request that names no origin
+    at all (not a browser) is judged by its CSRF value alone. The host compared is
+    the Host header, or X-Forwarded-Host from a trusted proxy."""
+    if identity.via == "token":
+        return True
+    given = headers.get("origin") or headers.get("referer")
+    if given is None:
+        return True
+    source = urlsplit(given)
+    if given == "null" or not source.netloc:
+        return False
+    hosts = {headers.get("host", "").lower()}
+    trusted = (*settings.proxy_addresses, *settings.forwarded_addresses)
+    if _from(trusted, client):
+        hosts.add(headers.get("x-forwarded-host", "").split(",")[0].strip().lower())
+    return source.netloc.lower() in hosts - {""}
 
 
 def read_session(settings: AuthSettings, value: str, now: float | None = None) -> Identity | None:
@@ -167,6 +200,8 @@ def read_session(settings: AuthSettings, value: str, now: float | None = None) -
         return None
     if body["exp"] < (now or time.time()):
         return None
+    if not hmac.compare_digest(str(body.get("t", "")), token_mark(settings)):
+        return None  # made with another token: rotating the token ends every session
     role = OPERATOR if body.get("r") == OPERATOR else VIEWER
     name = str(body.get("u", "?"))
     nonce = body["n"]

@@ -189,6 +189,9 @@ class Console:
             raise HTTPException(403, "the console is read-only")
         if not who.can_act:
             raise HTTPException(403, f"{who.name} is a {who.role}: viewers cannot act")
+        client = request.client.host if request.client else None
+        if not auth.same_origin(self.settings.auth, who, request.headers, client):
+            raise HTTPException(403, "the request comes from another site (Origin)")
         form = await request.form()
         given = form.get("csrf")
         if not auth.csrf_ok(who, given if isinstance(given, str) else None):

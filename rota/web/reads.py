@@ -321,6 +321,8 @@ def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
         )
     except InvalidInput as exc:
         return ScheduleView(row, [], [], None, str(exc))
+    except OverflowError:  # a time written around the checks (rota.reading)
+        return ScheduleView(row, [], [], None, f"unreadable row: next_run_at {row['next_run_at']}")
     return ScheduleView(row, slots, dst, change, refused, settings)
 
 

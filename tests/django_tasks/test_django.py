@@ -287,3 +287,19 @@ def test_rota_worker_django_refuses_a_project_it_cannot_run(shop: str) -> None:
     assert done.stderr.strip().splitlines() == [
         "rota: error: --django needs DJANGO_SETTINGS_MODULE (the project's settings module)"
     ]
+
+
+def test_a_task_past_the_limits_is_refused_like_any_job(shop: str) -> None:
+    # The backend enqueues through rota.enqueue: the same rules, the same refusal
+    # (tests/promises/test_one_rule.py drives the other doors), nothing written.
+    from orders.tasks import refund
+
+    deep: Any = 1
+    for _ in range(150):
+        deep = [deep]
+    with pytest.raises(rota.InvalidInput, match=r"^payload is nested more than 100 levels deep"):
+        refund.enqueue(deep)
+    late = datetime(9999, 12, 31, tzinfo=UTC)
+    with pytest.raises(rota.InvalidInput, match=r"^run_at must be from 1970-01-01"):
+        refund.using(run_after=late).enqueue(7)
+    assert jobs(shop) == []

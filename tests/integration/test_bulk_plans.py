@@ -62,7 +62,7 @@ CASES = [
     ),
     (
         "retry_jobs",
-        {"statuses": ["dead"], "ids": None, "limit": control.BATCH_SIZE, "now": None},
+        {"statuses": ["dead"], "ids": None, "limit": control.BATCH_SIZE, "skip": [], "now": None},
     ),
 ]
 

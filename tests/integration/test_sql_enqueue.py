@@ -58,8 +58,8 @@ def test_every_argument_by_name_and_a_known_key(conn) -> None:
         ("rota.enqueue(NULL)", "job type must be a non-empty string"),
         ("rota.enqueue('t', priority => 10)", "priority must be a whole number from 0"),
         ("rota.enqueue('t', priority => NULL)", "priority must be a whole number from 0"),
-        ("rota.enqueue('t', max_attempts => 0)", "max_attempts must be at least 1"),
-        ("rota.enqueue('t', key => '')", "an idempotency key must not be empty"),
+        ("rota.enqueue('t', max_attempts => 0)", "max_attempts must be a whole number of at least"),
+        ("rota.enqueue('t', key => '')", "an idempotency key must be a non-empty string"),
         (
             "rota.enqueue('t', jsonb_build_object('x', repeat('a', 300000)))",
             "over the limit of 262144 bytes",

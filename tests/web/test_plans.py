@@ -110,7 +110,10 @@ def test_no_console_query_reads_the_job_table_sequentially(million):
         ("web_dead_group_ids", {"type": "type1", "error_class": "KeyError", "cap": 100_000}),
         ("web_set_priority", {"ids": [1, 2], "priority": 3}),
         ("web_run_now", {"ids": [1, 2], "now": NOW}),
-        ("retry_jobs", {"ids": [1, 2], "statuses": ["dead"], "limit": None, "now": NOW}),
+        (
+            "retry_jobs",
+            {"ids": [1, 2], "statuses": ["dead"], "limit": None, "skip": None, "now": NOW},
+        ),
         ("cancel_jobs", {"ids": [1, 2], "type": None, "status": None, "now": NOW}),
         ("web_audit_page", {"before": None, "limit": 51}),
         ("worker_list", {"now": NOW, "shown": 20}),

@@ -1,0 +1,197 @@
+"""The limits of docs/limits.md, kept by the database for every writer.
+
+Migration 0024's triggers refuse a value outside the limits whichever way it is
+written: rota.enqueue() in SQL, a plain INSERT, a plain UPDATE (a migration
+script, a hand fix). The refusal is invalid_parameter_value (22023) with the
+same one-line reason on every path; Python's own checks use the same numbers
+(the edges below are accepted by both, one step past refused by both).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+from rota import limits
+from rota.errors import InvalidInput
+
+DEEP = "(repeat('[', 5000) || repeat(']', 5000))::jsonb"
+
+
+def _nested(depth: int) -> str:
+    return f"(repeat('[', {depth}) || repeat(']', {depth}))::jsonb"
+
+
+JUST_TOO_DEEP = _nested(limits.MAX_JSON_DEPTH + 1)
+BIG = f"jsonb_build_object('x', repeat('a', {limits.MAX_PAYLOAD_BYTES}))"
+
+# column, SQL value, the reason's start (the same on every path)
+HOSTILE = [
+    ("run_at", "'infinity'", "run_at must be from 1970-01-01 to 9999-12-30 UTC"),
+    ("run_at", "'-infinity'", "run_at must be from 1970-01-01 to 9999-12-30 UTC"),
+    ("run_at", "'20000-01-01T00:00:00Z'", "run_at must be from 1970-01-01 to 9999-12-30 UTC"),
+    ("run_at", "'9999-12-30T00:00:01Z'", "run_at must be from 1970-01-01 to 9999-12-30 UTC"),
+    ("run_at", "'1969-12-31T23:59:59Z'", "run_at must be from 1970-01-01 to 9999-12-30 UTC"),
+    ("payload", DEEP, "payload is nested more than 100 levels deep"),
+    ("payload", JUST_TOO_DEEP, "payload is nested more than 100 levels deep"),
+    ("payload", BIG, "payload is 262153 bytes, over the limit of 262144 bytes"),
+    ("type", "''", "job type must be a non-empty string"),
+    ("type", "E' \\t\\u3000'", "job type must be a non-empty string"),
+    ("type", "repeat('x', 1025)", "job type is 1025 bytes long, over the limit of 1024"),
+    ("type", "repeat('é', 513)", "job type is 1026 bytes long, over the limit of 1024"),
+    ("idempotency_key", "''", "an idempotency key must be a non-empty string"),
+    ("idempotency_key", "repeat('k', 2000)", "an idempotency key is 2000 bytes long"),
+    ("group_key", "' '", "a group must be a non-empty string"),
+    ("priority", "10", "priority must be a whole number from 0 (first) to 9, not 10"),
+    ("priority", "-1", "priority must be a whole number from 0 (first) to 9, not -1"),
+    ("max_attempts", "0", "max_attempts must be a whole number of at least 1, not 0"),
+    ("timeout_seconds", "'NaN'", "timeout must be more than 0 and at most 315360000 seconds"),
+    ("timeout_seconds", "'Infinity'", "timeout must be more than 0 and at most 315360000"),
+    ("timeout_seconds", "0", "timeout must be more than 0 and at most 315360000 seconds"),
+]
+
+_ENQUEUE_ARG = {
+    "run_at": "run_at",
+    "payload": "payload",
+    "type": "job_type",
+    "idempotency_key": "key",
+    "group_key": "group_key",
+    "priority": "priority",
+    "max_attempts": "max_attempts",
+}
+
+
+def _refusal(conn: psycopg.Connection[Any], statement: str) -> str:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        conn.execute(statement)  # type: ignore[arg-type]
+    message = caught.value.diag.message_primary
+    assert message is not None
+    return message
+
+
+def _jobs(conn: psycopg.Connection[Any]) -> list[Any]:
+    return conn.execute("SELECT id, type, payload::text FROM rota.job ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize(("column", "value", "reason"), HOSTILE)
+def test_insert_update_and_sql_enqueue_refuse_alike(
+    conn: psycopg.Connection[Any], column: str, value: str, reason: str
+) -> None:
+    rota.enqueue(conn, "ordinary", {"n": 1})
+    before = _jobs(conn)
+    messages = []
+    values = {"type": "'t'", column: value}
+    columns = ", ".join(values)
+    messages.append(
+        _refusal(conn, f"INSERT INTO rota.job ({columns}) VALUES ({', '.join(values.values())})")
+    )
+    messages.append(_refusal(conn, f"UPDATE rota.job SET {column} = {value}"))
+    if column in _ENQUEUE_ARG:
+        arg = _ENQUEUE_ARG[column]
+        first = "" if arg == "job_type" else "'t', "
+        messages.append(_refusal(conn, f"SELECT rota.enqueue({first}{arg} => {value})"))
+    assert messages[0].startswith(reason), messages[0]
+    assert len(set(messages)) == 1, messages  # one rule, one message
+    assert _jobs(conn) == before
+
+
+def test_python_refuses_with_the_same_reason(conn: psycopg.Connection[Any]) -> None:
+    sql_reason = _refusal(conn, "SELECT rota.enqueue(repeat('x', 1025))")
+    with pytest.raises(InvalidInput) as caught:
+        rota.enqueue(conn, "x" * 1025)
+    assert str(caught.value) == sql_reason
+    late = datetime(9999, 12, 31, tzinfo=UTC)
+    with pytest.raises(InvalidInput, match=r"^run_at must be from 1970-01-01 to 9999-12-30 UTC"):
+        rota.enqueue(conn, "t", run_at=late)
+    deep: Any = []
+    for _ in range(limits.MAX_JSON_DEPTH):
+        deep = [deep]
+    with pytest.raises(InvalidInput, match=r"^payload is nested more than 100 levels deep$"):
+        rota.enqueue(conn, "t", deep)
+    assert _jobs(conn) == []
+
+
+def test_a_refusal_reaching_python_from_the_database_is_invalid_input(
+    conn: psycopg.Connection[Any],
+) -> None:
+    # Whatever statement meets the database's check, the caller gets InvalidInput
+    # with the database's reason (and, for loops that count refused statements,
+    # it is a DatabaseError too), nothing written.
+    with (
+        pytest.raises(InvalidInput, match=r"^priority must be a whole number") as caught,
+        rota.db.errors_wrapped(),
+    ):
+        conn.execute("SELECT rota.enqueue('t', priority => 12)")
+    assert isinstance(caught.value, rota.DatabaseError)
+    assert _jobs(conn) == []
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("run_at", "'1970-01-01T00:00:00Z'"),
+        ("run_at", "'9999-12-30T00:00:00Z'"),
+        ("type", f"repeat('x', {limits.MAX_NAME_BYTES})"),
+        ("idempotency_key", f"repeat('é', {limits.MAX_NAME_BYTES // 2})"),
+        ("payload", _nested(limits.MAX_JSON_DEPTH)),
+        ("payload", f"jsonb_build_object('x', repeat('a', {limits.MAX_PAYLOAD_BYTES - 9}))"),
+        ("priority", str(max(limits.PRIORITIES))),
+        ("max_attempts", str(limits.INTEGER_MAX)),
+        ("timeout_seconds", str(limits.MAX_SECONDS)),
+    ],
+)
+def test_the_edges_of_python_s_limits_are_accepted(
+    conn: psycopg.Connection[Any], column: str, value: str
+) -> None:
+    values = {"type": "'t'", column: value}
+    statement = f"INSERT INTO rota.job ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+    conn.execute(statement)  # type: ignore[arg-type]
+    assert len(_jobs(conn)) == 1
+
+
+def test_blank_means_what_python_s_strip_means(conn: psycopg.Connection[Any]) -> None:
+    chars = [chr(c) for c in range(1, 0x3100) if not 0xD800 <= c <= 0xDFFF]
+    chars += [chr(c) for c in range(0xFEFF, 0xFF00)] + [chr(0x10FFFF)]
+    rows = conn.execute("SELECT c, rota.blank(c) AS blank FROM unnest(%s::text[]) c", (chars,))
+    wrong = [hex(ord(r["c"])) for r in rows if r["blank"] != (not r["c"].strip())]
+    assert wrong == []
+    assert sys.maxunicode == 0x10FFFF
+
+
+def test_old_rows_stay_and_updates_that_leave_them_alone_pass(
+    conn: psycopg.Connection[Any],
+) -> None:
+    # A row from before the checks (written with them off) is not touched by the
+    # migration, and a claim-like update of other columns still passes: one old
+    # row cannot fail a statement that moves the jobs beside it.
+    conn.execute("ALTER TABLE rota.job DISABLE TRIGGER job_checked_insert")
+    conn.execute(f"INSERT INTO rota.job (type, payload, run_at) VALUES ('t', {DEEP}, now())")
+    conn.execute("ALTER TABLE rota.job ENABLE TRIGGER job_checked_insert")
+    rota.enqueue(conn, "t", {"n": 1})
+    updated = conn.execute(
+        "UPDATE rota.job SET status = 'running', attempts = attempts + 1, locked_by = 'w'"
+    ).rowcount
+    assert updated == 2
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO rota.job_limit (type, concurrency) VALUES (repeat('x', 1100), 1)",
+        "INSERT INTO rota.job_limit (type, concurrency) VALUES ('  ', 1)",
+        "INSERT INTO rota.paused_type (type) VALUES (repeat('x', 1100))",
+        "INSERT INTO rota.schedule (name, job_type, cron, next_run_at)"
+        " VALUES ('s', repeat('x', 1100), '* * * * *', now())",
+        "INSERT INTO rota.schedule (name, job_type, cron, next_run_at, payload)"
+        f" VALUES ('s', 't', '* * * * *', now(), {DEEP})",
+    ],
+)
+def test_limits_pauses_and_schedules_keep_the_same_rules(
+    conn: psycopg.Connection[Any], statement: str
+) -> None:
+    _refusal(conn, statement)

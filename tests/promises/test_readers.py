@@ -1,0 +1,137 @@
+"""Readers that no row can crash.
+
+Rows written around every check (by a superuser with triggers off: infinity and
+the year 20000 as times, JSON nested 5,000 deep, errors of the wrong shape, a
+type of 3,000 bytes) sit beside ordinary jobs. `rota jobs list/show`, `rota
+status`, `rota dead list`, the reaper, the scheduler, the archiver and every
+console page keep working, show such values as their raw text, and leave the
+ordinary jobs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import rota
+from rota.archive import Archiver, ArchiveSettings
+from rota.cli import main
+from rota.reaper import Reaper
+from rota.scheduler import Scheduler
+
+warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+from tests.web.conftest import BEARER, HTML, make_client  # noqa: E402
+
+DEEP = "(repeat('[', 5000) || repeat(']', 5000))::jsonb"
+
+AROUND_THE_CHECKS = f"""
+SET session_replication_role = replica;
+INSERT INTO rota.job (type, run_at) VALUES ('bad.infinity', 'infinity');
+INSERT INTO rota.job (type, run_at) VALUES ('bad.year', '20000-01-01Z');
+INSERT INTO rota.job (type, run_at) VALUES ('bad.minus', '-infinity');
+INSERT INTO rota.job (type, payload) VALUES ('bad.deep', {DEEP});
+INSERT INTO rota.job (type, payload, status, finished_at, attempts, last_error)
+    VALUES ('bad.dead', {DEEP}, 'dead', 'infinity', 3, repeat('e', 10000));
+INSERT INTO rota.job (type, status, locked_by, locked_until, attempts, started_at)
+    VALUES ('bad.running', 'running', 'gone', now() - interval '1 hour', 1, '20000-01-01Z');
+INSERT INTO rota.job (type, errors, result, trace_context, status, finished_at)
+    VALUES ('bad.shapes', '{{"not": "a list"}}', {DEEP}, '"x"', 'done', '-infinity');
+INSERT INTO rota.job (type, errors)
+    VALUES ('bad.errors', '[{{"attempt": "x", "at": "infinity", "error": 5}}, 7]');
+INSERT INTO rota.job (type, created_at) VALUES (repeat('x', 3000), 'infinity');
+INSERT INTO rota.job (type, timeout_seconds) VALUES ('bad.timeout', 'NaN');
+INSERT INTO rota.schedule (name, job_type, cron, next_run_at, payload)
+    VALUES ('bad-payload', 't', '* * * * *', now() - interval '1 minute', {DEEP});
+INSERT INTO rota.schedule (name, job_type, cron, next_run_at)
+    VALUES ('bad-next', 't', '* * * * *', '-infinity');
+RESET session_replication_role;
+"""
+
+
+@pytest.fixture
+def poisoned(conn: psycopg.Connection[Any]) -> Iterator[dict[str, Any]]:
+    """The bad rows, an ordinary job before and after them, and their ids."""
+    first = rota.enqueue(conn, "ordinary", {"n": 1})
+    conn.execute(AROUND_THE_CHECKS)  # type: ignore[arg-type]
+    last = rota.enqueue(conn, "ordinary", {"n": 2})
+    rows = conn.execute(
+        "SELECT id, left(type, 20) AS type FROM rota.job WHERE type <> 'ordinary'"
+    ).fetchall()
+    yield {"ordinary": [first, last], **{r["type"]: r["id"] for r in rows}}
+
+
+def _ordinary(conn: psycopg.Connection[Any]) -> list[Any]:
+    return conn.execute(
+        "SELECT id, status, attempts FROM rota.job WHERE type = 'ordinary' ORDER BY id"
+    ).fetchall()
+
+
+def _cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str, *argv: str
+) -> str:
+    monkeypatch.setenv("ROTA_DATABASE_URL", url)
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, (argv, err)
+    return out
+
+
+def test_the_cli_lists_shows_and_counts_every_row(
+    poisoned: dict[str, Any],
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    listed = _cli(monkeypatch, capsys, db_url, "jobs", "list")
+    assert "infinity" in listed and "20000-01-01" in listed and "-infinity" in listed
+    as_json = json.loads(_cli(monkeypatch, capsys, db_url, "jobs", "list", "--json"))
+    assert {job["id"] for job in as_json} >= set(poisoned["ordinary"])
+    assert "bad.dead" in _cli(monkeypatch, capsys, db_url, "dead", "list")
+    for job_id in [v for k, v in poisoned.items() if k != "ordinary"]:
+        shown = _cli(monkeypatch, capsys, db_url, "jobs", "show", str(job_id))
+        assert str(job_id) in shown
+        json.loads(_cli(monkeypatch, capsys, db_url, "jobs", "show", str(job_id), "--json"))
+    deep = _cli(monkeypatch, capsys, db_url, "jobs", "show", str(poisoned["bad.deep"]))
+    assert "[[[[[[[[" in deep  # the payload as stored, raw
+    assert "ordinary" in _cli(monkeypatch, capsys, db_url, "status")
+    json.loads(_cli(monkeypatch, capsys, db_url, "status", "--json"))
+
+
+def test_the_maintenance_loops_pass_over_the_bad_rows_alone(
+    poisoned: dict[str, Any], conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    before = _ordinary(conn)
+    assert Reaper().run_once(db_url).count == 1  # the expired lease of bad.running
+    fired = Scheduler().run_once(db_url)
+    assert fired.schedules == 2 and fired.missed == 2  # each bad schedule passes its slot
+    later = datetime.now(UTC) + timedelta(days=30)
+    every = ArchiveSettings(done_retention_seconds=0, failed_retention_seconds=0)
+    Archiver(every).run_once(db_url, now=later)
+    assert _ordinary(conn) == before  # no ordinary job lost an attempt or moved
+    schedules = conn.execute(
+        "SELECT name, next_run_at > now() AS ahead FROM rota.schedule"
+        " WHERE name LIKE 'bad-%%' ORDER BY name"
+    ).fetchall()
+    assert schedules == [
+        {"name": "bad-next", "ahead": True},
+        {"name": "bad-payload", "ahead": True},
+    ]
+
+
+def test_every_console_page_answers(poisoned: dict[str, Any], db_url: str) -> None:
+    with make_client(db_url) as client:
+        pages = ["/", "/jobs", "/jobs?status=dead", "/jobs?status=ready", "/dead", "/schedules",
+                 "/types", "/workers", "/audit"]  # fmt: skip
+        pages += [f"/jobs/{v}" for k, v in poisoned.items() if k != "ordinary"]
+        for page in pages:
+            for headers in (HTML, {}):
+                response = client.get(page, headers={**BEARER, **headers})
+                assert response.status_code == 200, (page, response.text[-500:])
+        job = client.get(f"/jobs/{poisoned['bad.infinity']}", headers={**BEARER, **HTML})
+        assert "infinity" in job.text
