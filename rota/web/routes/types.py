@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from rota.errors import InvalidInput
 from rota.flow import Limit
-from rota.web import actions, reads
+from rota.web import actions, overview
 from rota.web.console import Console, check_params, form_field
 from rota.web.routes.acting import seconds, threaded, whole
 
@@ -20,7 +20,7 @@ def types(c: Console, request: Request) -> Response:
     who = c.viewer(request)
     check_params(request, set())
     with c.conn() as conn:
-        data = reads.overview(conn, drawn=False)
+        data = overview.read(conn, drawn=False)
     limits = data.status.limits
     return c.render(request, "types.html", who, o=data, limits=limits, nav="types")
 
