@@ -13,8 +13,8 @@
 -- are (migration 0016), so a burst of failures of one type never queues on one
 -- row; the queue's minute sample folds the last hour's rows into one row per
 -- minute and type (rota.fold_failure_counts) and prunes what the charts no
--- longer show. The function runs as the schema's owner, so a role granted only
--- what a worker needs writes its counts without a grant on this table.
+-- longer show. Both functions run as the schema's owner, so a role granted
+-- only what a worker needs counts and folds without a grant on this table.
 CREATE TABLE rota.job_failure_count (
     minute timestamptz NOT NULL,
     type text NOT NULL,
@@ -41,10 +41,11 @@ WHEN (NEW.errors IS NOT NULL AND NEW.errors IS DISTINCT FROM OLD.errors
 EXECUTE FUNCTION rota.job_failure_counted();
 
 -- Fold the rows of the hour before `before` into one per minute and type, and
--- drop those older than `keep_since`; the rows folded.
+-- drop those older than `keep_since`; the rows folded. As the schema's owner
+-- too: whoever writes the minute's sample folds, whatever its grants.
 CREATE FUNCTION rota.fold_failure_counts(before timestamptz, keep_since timestamptz)
 RETURNS bigint
-LANGUAGE sql AS $$
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH pruned AS (
         DELETE FROM rota.job_failure_count WHERE minute < keep_since
     ),
