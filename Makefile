@@ -8,9 +8,16 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 
 .DEFAULT_GOAL := help
 
+# `make help` lists what a newcomer runs first (FIRST), then the rest in the order
+# the files define them.
+FIRST := demo test install
 help: ## list the targets
-	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
-	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk -v first="$(FIRST)" 'BEGIN {FS = ":.*## "; n = split(first, order, " ")} \
+	    !seen[$$1]++ {name[++count] = $$1; text[$$1] = $$2} \
+	    END {for (i = 1; i <= n; i++) if (order[i] in text) {show(order[i]); done[order[i]] = 1} \
+	         for (i = 1; i <= count; i++) if (!(name[i] in done)) show(name[i])} \
+	    function show(t) {printf "  \033[36m%-16s\033[0m %s\n", t, text[t]}'
 
 # $(call first_python,MINOR,MORE): the first interpreter that really runs and is
 # 3.MINOR or later, of Python 3.13, then 3.12 (pyenv's versions before the PATH's:
@@ -77,7 +84,7 @@ demo: $(DEMO_STAMP) ## run Rota on an embedded PostgreSQL with sample jobs, sche
 	$(DEMO_VENV)/bin/rota demo $(DEMO_ARGS)
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_VENV) .venv-docs .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: help install test lint fmt demo clean
 

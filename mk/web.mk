@@ -8,8 +8,8 @@ bench-web: $(STAMP) ## time every console page with 1,000,000 jobs in the table 
 	mkdir -p bench/results
 	$(BIN)/python -m bench.web_pages --json bench/results/web-latest.json $(WEB_BENCH_ARGS)
 
-web-screenshots: $(STAMP) ## retake docs/console-*.png with the browser test (needs chromium)
-	ROTA_WEB_SCREENSHOTS=1 $(BIN)/pytest -q tests/web/test_browser.py
+web-screenshots: $(STAMP) ## retake docs/console-*.png and docs/screenshots/ with the browser tests (needs chromium)
+	ROTA_WEB_SCREENSHOTS=1 $(BIN)/pytest -q tests/web/test_browser.py tests/web/test_browser_pages.py
 
 web-assets: ## fetch the pinned htmx from the npm registry into rota/web/static (checked by tests/web)
 	tmp=$$(mktemp -d) && cd $$tmp && npm pack --silent htmx.org@$(HTMX_VERSION) >/dev/null && \

@@ -9,6 +9,7 @@ from rota.errors import (
     DatabaseError,
     DatabaseUnavailable,
     InvalidInput,
+    JobNotFound,
     Permanent,
     Retry,
     RotaError,
@@ -19,6 +20,9 @@ from rota.jobs import Job, NewJob, Outcome, Status
 from rota.lookup import result
 from rota.migrate import migrate
 
+__version__ = "0.4.0"
+"""Rota's version (pyproject.toml says the same; `rota --version` prints it)."""
+
 __all__ = [
     "Cancelled",
     "Context",
@@ -26,6 +30,7 @@ __all__ = [
     "DatabaseUnavailable",
     "InvalidInput",
     "Job",
+    "JobNotFound",
     "Limit",
     "NewJob",
     "Outcome",

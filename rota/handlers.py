@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from rota import limits
 from rota.db import Conn, connect
 from rota.errors import InvalidInput
+
+log = logging.getLogger(__name__)
 
 HandlerFunc = Callable[..., Any]
 
@@ -47,6 +50,9 @@ class Handler:
 
 
 _registry: dict[str, Handler] = {}
+replaced: list[tuple[Handler, Handler]] = []
+"""(old, new) for every handler a later registration of its type replaced: the
+last one wins, and `rota worker` refuses to start with two (a type has one)."""
 
 
 def handler(
@@ -69,7 +75,7 @@ def handler(
             for p in inspect.signature(func).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        _registry[job_type] = Handler(
+        new = Handler(
             type=job_type,
             func=func,
             is_async=inspect.iscoroutinefunction(func),
@@ -77,9 +83,24 @@ def handler(
             timeout=timeout,
             priority=priority,
         )
+        old = _registry.get(job_type)
+        if old is not None and old.func is not func:
+            replaced.append((old, new))
+            log.warning(
+                "job type %r: handler %s replaced by %s (a type has one handler)",
+                job_type, describe(old), describe(new),
+            )  # fmt: skip
+        _registry[job_type] = new
         return func
 
     return register
+
+
+def describe(found: Handler) -> str:
+    """A handler as `module.function`."""
+    func = found.func
+    name = getattr(func, "__qualname__", None) or repr(func)
+    return f"{getattr(func, '__module__', '?')}.{name}"
 
 
 def registered() -> dict[str, Handler]:

@@ -189,7 +189,9 @@ def instant(value: Any, what: str) -> datetime:
         offset = value.utcoffset()
         utc = value.astimezone(UTC) if offset is not None else None
     except (ValueError, OverflowError, TypeError):
-        raise InvalidInput(f"{what} {value!r} lies outside the years 1970 to 9999") from None
+        raise InvalidInput(
+            f"{what} {value.isoformat()} lies outside the years 1970 to 9999"
+        ) from None
     if utc is None:
         raise InvalidInput(f"{what} must carry a time zone (naive datetimes are ambiguous)")
     if not MIN_INSTANT <= utc <= MAX_INSTANT:

@@ -5,7 +5,10 @@ Pure functions: the worker decides the outcome, `write_outcomes` writes it.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
+import sys
 import traceback
 
 from rota.settings import BackoffSettings
@@ -13,7 +16,8 @@ from rota.settings import BackoffSettings
 _DEFAULT = BackoffSettings()
 
 MAX_ERROR_CHARS = 4000
-"""last_error keeps the error type, its message and the end of the traceback."""
+"""last_error keeps the error type, its message, the end of its traceback, and
+its chain of causes."""
 
 
 def backoff_seconds(
@@ -35,26 +39,92 @@ def backoff_seconds(
 
 
 def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``Type: message`` then the innermost frames of the traceback, trimmed to `limit`.
+    """``Type: message``, its frames, then each exception of its chain the same way
+    (``raise X from exc``: "Caused by:"; raised while handling another: "While
+    handling:"), trimmed to `limit`.
 
-    What PostgreSQL cannot store in text (the outcome would never be written) is
-    escaped (see `storable`).
+    The first line is always the outermost error (the console groups dead jobs by
+    it). The frames of Rota's own code that called the handler are left out: each
+    traceback starts at the first frame outside Rota. Trimmed, every exception keeps
+    its line and the root cause's innermost frames are kept first. What PostgreSQL
+    cannot store in text (the outcome would never be written) is escaped (see
+    `storable`).
     """
+    parts = [_Part(label, _headline(e), _frames(e)) for label, e in _chain(exc)]
+    text = "\n".join(part.text(part.frames) for part in parts)
+    if len(text) <= limit:
+        return text
+    share = limit // (2 * len(parts))  # a long message leaves room for its causes
+    parts = [dataclasses.replace(p, head=p.head[:share]) for p in parts]
+    room = limit - sum(len(part.text("")) + len(_CUT) + 1 for part in parts)
+    kept = []
+    for part in reversed(parts):  # the root cause's frames first
+        frames = part.frames[-room:] if room > 0 else ""
+        room -= len(frames)
+        cut = _CUT if len(frames) < len(part.frames) else ""
+        kept.append(part.text(cut + frames))
+    return "\n".join(reversed(kept))[:limit]
+
+
+_CUT = "  ...\n"
+_CHAIN_DEPTH = 8
+"""Exceptions of a chain described at most (a chain can even be a loop)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    label: str
+    head: str
+    frames: str
+
+    def text(self, frames: str) -> str:
+        return f"{self.label}{self.head}\n{frames}" if frames else f"{self.label}{self.head}"
+
+
+def _chain(exc: BaseException) -> list[tuple[str, BaseException]]:
+    """The exception, then its cause or context, then theirs: (label, exception)."""
+    found: list[tuple[str, BaseException]] = [("", exc)]
+    seen = {id(exc)}
+    while len(found) < _CHAIN_DEPTH:
+        current = found[-1][1]
+        if current.__cause__ is not None:
+            label, following = "\nCaused by: ", current.__cause__
+        elif current.__context__ is not None and not current.__suppress_context__:
+            label, following = "\nWhile handling: ", current.__context__
+        else:
+            break
+        if id(following) in seen:
+            break
+        seen.add(id(following))
+        found.append((label, following))
+    return found
+
+
+def _headline(exc: BaseException) -> str:
     try:
         message = str(exc)
     except Exception:  # a handler's exception whose __str__ itself fails
         message = "<its message could not be read>"
-    head = storable(f"{type(exc).__name__}: {message}".rstrip(": "))
-    frames = "".join(traceback.format_tb(exc.__traceback__)) if exc.__traceback__ else ""
-    frames = storable(frames)
-    if not frames:
-        return head[:limit]
-    text = f"{head}\n{frames}"
-    if len(text) <= limit:
-        return text
-    # Keep the head and the innermost frames, where the error was raised.
-    tail_room = max(limit - len(head) - 6, 0)
-    return f"{head}\n...\n{frames[-tail_room:]}"[:limit]
+    return storable(f"{type(exc).__name__}: {message}".rstrip(": "))
+
+
+def _frames(exc: BaseException) -> str:
+    """The traceback's frames from the first one outside Rota (all of them when
+    every frame is Rota's own: then Rota itself raised it)."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    own = _own_folders()
+    first = next((i for i, f in enumerate(frames) if not f.filename.startswith(own)), len(frames))
+    shown = frames[first:] or frames
+    return storable("".join(traceback.format_list(shown)).rstrip("\n"))
+
+
+def _own_folders() -> tuple[str, ...]:
+    """The folders of Rota's packages (the core, and the worker when it is loaded)."""
+    folders = [os.path.dirname(__file__)]
+    worker = sys.modules.get("rota_worker")
+    if worker is not None and getattr(worker, "__file__", None):
+        folders.append(os.path.dirname(str(worker.__file__)))
+    return tuple(os.path.join(f, "") for f in folders)
 
 
 def storable(text: str) -> str:

@@ -160,6 +160,7 @@ def record_sample(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> bool:
             fetch_all(conn, sql.query("queue_sample_type_record"), {"now": now})
             fetch_all(conn, sql.query("queue_sample_prune"), {"now": now})
             fetch_all(conn, sql.query("done_counts_fold"))
+            fetch_all(conn, sql.query("failure_counts_fold"), {"now": now})
     return written
 
 

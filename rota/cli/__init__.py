@@ -21,6 +21,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+import rota
 from rota import logs
 from rota.cli import exits
 from rota.cli.common import UsageError
@@ -47,6 +48,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rota", description="Jobs and schedules on PostgreSQL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    parser.add_argument("--version", action="version", version=f"rota {rota.__version__}")
     parser.add_argument(
         "--log-format",
         choices=["text", "json"],

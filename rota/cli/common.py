@@ -34,13 +34,25 @@ def database_url() -> str:
     url = os.environ.get("ROTA_DATABASE_URL", "")
     if url:
         try:
-            conninfo_to_dict(url)
+            parts = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
             raise UsageError(
                 f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {exc}"
                 " (expected postgresql://USER@HOST:PORT/DATABASE)"
             ) from None
+        _check_ports(str(parts.get("port") or ""))
     return url
+
+
+def _check_ports(ports: str) -> None:
+    """libpq reads a port it cannot use as a service name and fails to connect:
+    said here as bad input instead (a list, one per host, may leave one empty)."""
+    for port in ports.split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise UsageError(
+                f"ROTA_DATABASE_URL has port {port!r}: a port is a whole number from 1 to 65535"
+                " (expected postgresql://USER@HOST:PORT/DATABASE)"
+            )
 
 
 def parse_json(text: str | None, what: str = "--payload") -> Any:

@@ -34,6 +34,11 @@ def register(sub: Any) -> None:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
+    if all(v is None for v in (args.concurrency, args.group_concurrency, args.rate, args.per)):
+        raise UsageError(
+            "give a limit: --concurrency N, --group-concurrency N, or --rate N with --per"
+            f" SECONDS (`rota limit clear {args.type}` removes the type's limits)"
+        )
     if (args.rate is None) != (args.per is None):
         raise UsageError("give --rate and --per together: at most N starts per SECONDS")
     flow.set_limit(

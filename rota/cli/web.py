@@ -19,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rota.cli.common import UsageError, database_url
+from rota.errors import RotaError
 
 if TYPE_CHECKING:
     from rota.web import WebSettings
@@ -127,5 +128,18 @@ def run(args: argparse.Namespace) -> int:
         log.warning("no ROTA_WEB_TOKEN and no auth proxy: anybody may look, nobody may act")
     print(f"Rota console on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     # The socket's peer is the client: forwarded-for headers are not trusted.
-    uvicorn.run(app, host=args.host, port=args.port, proxy_headers=False, log_level="warning")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, proxy_headers=False, log_level="warning")
+    except SystemExit as exc:
+        if exc.code != UVICORN_STARTUP_FAILURE:
+            raise
+        # uvicorn said why on the line before (the address is in use, say): exit 1.
+        raise RotaError(
+            f"the console could not listen on {args.host}:{args.port}:"
+            " choose another --port (or --host)"
+        ) from None
     return 0
+
+
+UVICORN_STARTUP_FAILURE = 3
+"""uvicorn's exit code when it cannot start (it cannot bind the address)."""

@@ -6,19 +6,23 @@
 
 -- name: web_jobs_page
 -- One page of the job list, newest first, below the cursor `before`. Status,
--- idempotency key and cursor narrow an index walk; the other filters (type,
--- payload, creation time) are applied to a window of at most `scan` rows of
+-- idempotency key and cursor narrow an index walk (and "retrying", ready jobs
+-- past a failed attempt, the ready rows); the other filters (type, payload,
+-- error text, creation time) are applied to a window of at most `scan` rows of
 -- that walk when `bounded`, so a filter that matches little never reads the
 -- whole table: the page then says how far it searched and offers to go on.
 WITH win AS (
-    SELECT id, type, payload, created_at
+    SELECT id, type, payload, created_at, last_error
     FROM rota.job
     WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+      AND (%(retrying)s::boolean IS NOT TRUE OR attempts > 0)
       AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
       AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
       AND (%(bounded)s::boolean
            OR ((%(type)s::text IS NULL OR type = %(type)s::text)
                AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+               AND (%(error)s::text IS NULL
+                    OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
                AND (%(created_from)s::timestamptz IS NULL
                     OR created_at >= %(created_from)s::timestamptz)
                AND (%(created_to)s::timestamptz IS NULL
@@ -34,6 +38,7 @@ hits AS (
     FROM win
     WHERE (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
       AND (%(created_from)s::timestamptz IS NULL OR created_at >= %(created_from)s::timestamptz)
       AND (%(created_to)s::timestamptz IS NULL OR created_at < %(created_to)s::timestamptz)
     ORDER BY id DESC
@@ -44,6 +49,7 @@ SELECT j.id, j.type, j.status, j.priority, j.attempts, j.max_attempts, j.run_at,
        j.locked_until,
        left(j.payload::text, 160) AS payload_text,
        left(split_part(j.last_error, E'\n', 1), 160) AS error_line,
+       j.status = 'ready' AND j.attempts > 0 AS retrying,
        (SELECT count(*) FROM win) AS scanned,
        (SELECT min(id) FROM win) AS scanned_to
 FROM hits JOIN rota.job AS j ON j.id = hits.id
@@ -55,6 +61,7 @@ WITH win AS (
     SELECT id
     FROM rota.job
     WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+      AND (%(retrying)s::boolean IS NOT TRUE OR attempts > 0)
       AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
       AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
     ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
@@ -73,6 +80,8 @@ WHERE status = %(one)s::text
   AND (%(type)s::text IS NULL OR type = %(type)s::text)
   AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+  AND (%(retrying)s::boolean IS NOT TRUE OR attempts > 0)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
   AND (%(created_from)s::timestamptz IS NULL OR created_at >= %(created_from)s::timestamptz)
   AND (%(created_to)s::timestamptz IS NULL OR created_at < %(created_to)s::timestamptz)
   AND (%(delayed)s::boolean IS NOT TRUE OR run_at > coalesce(%(now)s::timestamptz, now()))
@@ -89,6 +98,8 @@ FROM (
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
       AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+      AND (%(retrying)s::boolean IS NOT TRUE OR attempts > 0)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
       AND (%(created_from)s::timestamptz IS NULL OR created_at >= %(created_from)s::timestamptz)
       AND (%(created_to)s::timestamptz IS NULL OR created_at < %(created_to)s::timestamptz)
       AND (%(delayed)s::boolean IS NOT TRUE OR run_at > coalesce(%(now)s::timestamptz, now()))
@@ -280,3 +291,36 @@ CROSS JOIN LATERAL (
     SELECT * FROM rota.queue_sample_type AS s WHERE s.minute = b.at OFFSET 0
 ) AS q
 ORDER BY b.at, q.type
+
+-- name: web_retrying_types
+-- Ready jobs waiting for another attempt after a failed one (a retry resets
+-- attempts to 0; a job given back does not count its attempt), by type: how
+-- many, and the attempts of the one furthest along. The ready rows only.
+SELECT type, count(*) AS jobs,
+       (array_agg(attempts ORDER BY attempts DESC, max_attempts))[1] AS attempts,
+       (array_agg(max_attempts ORDER BY attempts DESC, max_attempts))[1] AS max_attempts
+FROM rota.job
+WHERE status = 'ready' AND attempts > 0
+GROUP BY type
+ORDER BY type
+
+-- name: web_failing_types
+-- Attempts failed per type since `since` (rota.job_failure_count, migration 0028).
+SELECT type, sum(count) AS failures
+FROM rota.job_failure_count
+WHERE minute >= date_trunc('minute', %(since)s::timestamptz)
+GROUP BY type
+ORDER BY type
+
+-- name: web_chart_failures
+-- Failed attempts per bucket and type over a range (the buckets of
+-- web_chart_samples), read through the index on minute.
+SELECT date_bin(%(bucket)s::interval, minute, timestamptz '2000-01-01') AS at, type,
+       sum(count) AS failures
+FROM rota.job_failure_count
+WHERE minute >= date_bin(%(bucket)s::interval,
+                         coalesce(%(now)s::timestamptz, now()) - %(span)s::interval,
+                         timestamptz '2000-01-01')
+  AND minute <= coalesce(%(now)s::timestamptz, now())
+GROUP BY 1, 2
+ORDER BY 1, 2

@@ -172,3 +172,10 @@ FROM rota.queue_sample
 WHERE minute >= date_trunc('minute', coalesce(%(now)s::timestamptz, now()))
                 - make_interval(mins => %(minutes)s)
 ORDER BY minute
+
+-- name: failure_counts_fold
+-- The last hour's failed attempts in one row per minute and type, and none
+-- older than the charts show (migration 0028).
+SELECT rota.fold_failure_counts(
+           date_trunc('minute', coalesce(%(now)s::timestamptz, now())),
+           coalesce(%(now)s::timestamptz, now()) - interval '8 days') AS folded

@@ -47,6 +47,33 @@ def _error_handler(c: Console, status: int) -> Callable[[Request, Exception], Re
     return handle
 
 
+NO_SCHEMA = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.InvalidSchemaName,
+)
+"""What a query meets in a database that `rota migrate` has not brought up to date."""
+
+
+def _rota_error(c: Console) -> Callable[[Request, Exception], Response]:
+    """500 for Rota's errors, but 503 with what to do for a database without the
+    schema (or an older one): the console cannot work until `rota migrate` runs."""
+    broken = _error_handler(c, 500)
+    unmigrated = _error_handler(c, 503)
+
+    def handle(request: Request, exc: Exception) -> Response:
+        if isinstance(exc.__cause__, NO_SCHEMA) or isinstance(exc, NO_SCHEMA):
+            first = str(exc.__cause__ or exc).splitlines()[0]
+            said = RotaError(
+                f"the database has no Rota schema, or an older one: run `rota migrate` ({first})"
+            )
+            return unmigrated(request, said)
+        return broken(request, exc)
+
+    return handle
+
+
 def _http_error(c: Console) -> Callable[[Request, Exception], Response]:
     def handle(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -115,7 +142,8 @@ def create_app(settings: WebSettings) -> Starlette:
             actions.Conflict: _error_handler(c, 409),
             DatabaseUnavailable: _error_handler(c, 503),
             PoolTimeout: _error_handler(c, 503),
-            RotaError: _error_handler(c, 500),
+            RotaError: _rota_error(c),
+            psycopg.errors.UndefinedTable: _rota_error(c),
         },
     )
     app.add_middleware(SecurityHeaders)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Mapping
@@ -88,6 +89,7 @@ class Console:
         self.templates.filters["ago"] = ago
         self.templates.filters["iso"] = lambda v: v.isoformat() if v else ""
         self.templates.filters["in_zone"] = in_zone
+        self.templates.filters["json"] = as_json
         self.templates.globals["statuses"] = [s.value for s in Status]
         self._stop = threading.Event()
 
@@ -254,6 +256,12 @@ def in_zone(value: datetime | None, zone_name: str) -> str:
     except (ValueError, KeyError, ZoneInfoNotFoundError):
         local = value.astimezone(UTC)
     return local.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def as_json(value: Any, indent: int | None = None) -> str:
+    """A JSON value as a person reads it: its own characters (``Müller & Söhne``,
+    not ``M\\u00fcller \\u0026 S\\u00f6hne``); the template escapes it for HTML."""
+    return json.dumps(value, indent=indent, ensure_ascii=False, default=str)
 
 
 def _instant(value: datetime | None) -> str:

@@ -28,7 +28,10 @@ SCAN_ROWS = 10_000
 MAX_TEXT = 500
 """Longest filter value accepted (a type, a key, a payload expression)."""
 
-FIELDS = ("status", "type", "key", "payload", "created_from", "created_to")
+FIELDS = ("status", "type", "key", "payload", "error", "created_from", "created_to")
+RETRYING = "retrying"
+"""The status filter's name for ready jobs waiting for another attempt after a
+failed one (attempts > 0): not a status of its own in the database."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,10 @@ class JobFilter:
     payload_text: str = ""
     created_from: datetime | None = None
     created_to: datetime | None = None
+    retrying: bool = False
+    """Only ready jobs that failed before and wait for their next attempt."""
+    error: str | None = None
+    """Text the job's last error contains (any case)."""
 
     @property
     def bounded(self) -> bool:
@@ -49,7 +56,8 @@ class JobFilter:
         in full."""
         small = self.status is not None and self.status != Status.DONE
         return not small and any(
-            v is not None for v in (self.type, self.payload, self.created_from, self.created_to)
+            v is not None
+            for v in (self.type, self.payload, self.error, self.created_from, self.created_to)
         )
 
     def params(self) -> dict[str, Any]:
@@ -61,19 +69,29 @@ class JobFilter:
             "payload": json.dumps(self.payload) if self.payload is not None else None,
             "created_from": self.created_from,
             "created_to": self.created_to,
+            "retrying": self.retrying,
+            "error": self.error,
         }
 
     def form(self) -> dict[str, str]:
         """The filter as the form shows it (and as links carry it)."""
         values = {
-            "status": self.status.value if self.status else "",
+            "status": self.status_text,
             "type": self.type or "",
             "key": self.key or "",
             "payload": self.payload_text,
+            "error": self.error or "",
             "created_from": _show(self.created_from),
             "created_to": _show(self.created_to),
         }
         return {k: v for k, v in values.items() if v}
+
+    @property
+    def status_text(self) -> str:
+        """The status as the filter names it ("retrying" among them)."""
+        if self.retrying:
+            return RETRYING
+        return self.status.value if self.status else ""
 
     def query(self, **extra: Any) -> str:
         return urlencode({**self.form(), **{k: v for k, v in extra.items() if v is not None}})
@@ -118,7 +136,9 @@ def _text(params: Mapping[str, str], name: str) -> str | None:
 
 
 def parse_status(text: str | None) -> Status | None:
-    return None if text is None else status_named(text)
+    if text is None:
+        return None
+    return Status.READY if text.lower() == RETRYING else status_named(text)
 
 
 def parse_payload(text: str | None) -> dict[str, Any] | None:
@@ -168,12 +188,15 @@ def parse_instant(text: str | None, name: str) -> datetime | None:
 
 def parse_filter(params: Mapping[str, str]) -> JobFilter:
     payload_text = _text(params, "payload")
+    status = _text(params, "status")
     created_from = parse_instant(_text(params, "created_from"), "created_from")
     created_to = parse_instant(_text(params, "created_to"), "created_to")
     if created_from and created_to and created_from >= created_to:
         raise InvalidInput("created_from must be before created_to")
     return JobFilter(
-        status=parse_status(_text(params, "status")),
+        status=parse_status(status),
+        retrying=(status or "").lower() == RETRYING,
+        error=_text(params, "error"),
         type=_text(params, "type"),
         key=_text(params, "key"),
         payload=parse_payload(payload_text),

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -110,3 +113,79 @@ def test_database_outage_under_a_handler_is_not_an_attempt() -> None:
 def test_retry_refuses_negative_delay() -> None:
     with pytest.raises(ValueError):
         Retry(delay=-1)
+
+
+def _send_mail() -> None:
+    try:
+        {}["smtp"]
+    except KeyError as exc:
+        raise RuntimeError("could not send the welcome mail") from exc
+
+
+def test_error_description_keeps_the_cause_and_its_frames() -> None:
+    text = describe_error(_raise_from(_send_mail))
+    assert text.startswith("RuntimeError: could not send the welcome mail\n")
+    outer, _, inner = text.partition("\nCaused by: KeyError: 'smtp'\n")
+    assert inner, text
+    assert 'raise RuntimeError("could not send the welcome mail") from exc' in outer
+    assert '{}["smtp"]' in inner  # the root cause's own frame
+
+
+def test_error_description_keeps_what_it_was_handling() -> None:
+    def cleanup() -> None:
+        try:
+            raise ConnectionError("lost the server")
+        except ConnectionError:
+            raise ValueError("cleanup failed")  # noqa: B904
+
+    text = describe_error(_raise_from(cleanup))
+    assert text.startswith("ValueError: cleanup failed")
+    assert "\nWhile handling: ConnectionError: lost the server\n" in text
+
+
+def test_error_description_leaves_out_rotas_own_calling_frames() -> None:
+    import rota
+    from rota import limits
+
+    # A runner inside Rota's package calls the handler and catches what it
+    # raises, as the worker does.
+    runner: dict[str, Any] = {}
+    source = (
+        "def run(fn):\n    try:\n        fn()\n    except Exception as exc:\n        return exc\n"
+    )
+    exec(compile(source, os.path.join(os.path.dirname(rota.__file__), "runner.py"), "exec"), runner)
+
+    def handler() -> None:
+        limits.text("a\x00b", "field")  # raises InvalidInput inside Rota
+
+    text = describe_error(runner["run"](handler))
+    frames = text.splitlines()[1:]
+    assert "test_retry.py" in frames[0] and "in handler" in frames[0], text
+    assert "runner.py" not in text
+    assert "limits.py" in text  # Rota's frame that raised stays (the innermost)
+
+
+def test_error_description_trims_the_middle_and_keeps_every_exception() -> None:
+    def deep(n: int) -> None:
+        if n == 0:
+            raise KeyError("root")
+        deep(n - 1)
+
+    def outer() -> None:
+        try:
+            deep(200)
+        except KeyError as exc:
+            raise RuntimeError("x" * 5000) from exc
+
+    text = describe_error(_raise_from(outer), limit=2000)
+    assert len(text) <= 2000 and text.startswith("RuntimeError: xxx")
+    assert "\nCaused by: KeyError: 'root'\n" in text
+    assert 'raise KeyError("root")' in text  # the root cause's innermost frame
+
+
+def _raise_from(fn: Callable[[], object]) -> BaseException:
+    try:
+        fn()
+    except BaseException as caught:
+        return caught
+    raise AssertionError("did not raise")

@@ -212,8 +212,8 @@ def test_an_operator_steers_the_queue_in_a_browser(console, browser, conn, tmp_p
     assert page.locator("#types").inner_text().count("mail") >= 1
     warnings = page.inner_text("#warnings")
     assert "1 lease(s) expired this hour" in warnings
-    # Throughput: all and 3 types; queue age: all and the 2 types that waited.
-    assert page.locator("figure.chart polyline").count() == (1 + 3) + (1 + 2)
+    # Throughput: all and 3 types; queue age: all and 2 types; failed attempts: all.
+    assert page.locator("figure.chart polyline").count() == (1 + 3) + (1 + 2) + 1
     assert page.locator("a.count.bad").count() >= 2  # failed invoices, dead mail
     page.locator("#chart-jobs-finished-per-minute rect.hover").nth(-12).hover()
     tip = page.locator("#chart-jobs-finished-per-minute .chart-tip")

@@ -11,7 +11,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from rota import workers
-from rota.web import charts, reads
+from rota.web import charts, overview
 from tests.web.conftest import BEARER, HTML, add_job
 
 END = datetime(2030, 3, 14, 15, 30, tzinfo=UTC)
@@ -123,7 +123,7 @@ def test_the_queue_age_chart_has_a_line_per_type_that_waited(client, conn):
                 "INSERT INTO rota.queue_sample_type VALUES (%s, %s, 0, 0, 1, 0, %s)",
                 [at, job_type, None if job_type == "email" and minute > 20 else age],
             )
-    o = reads.overview(conn)
+    o = overview.read(conn)
     assert [line.name for line in o.queue_age.lines] == ["all types", "report", "email"]
     last = o.queue_age.columns[-1]
     assert last.text.endswith(": all types 300, report 300, email 40")

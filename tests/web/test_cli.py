@@ -96,3 +96,25 @@ def test_rota_web_serves_the_console_and_refuses_an_anonymous_post(db_url, conn)
     finally:
         server.terminate()
         server.communicate(timeout=60)
+
+
+def test_on_a_database_without_the_schema_every_page_says_run_migrate(empty_db_url):
+    from tests.web.conftest import BEARER, HTML, make_client
+
+    with make_client(empty_db_url) as client:
+        for path in ("/", "/jobs", "/dead", "/types"):
+            page = client.get(path, headers={**BEARER, **HTML})
+            assert page.status_code == 503, (path, page.status_code)
+            assert "run `rota migrate`" in page.text
+        answer = client.get("/jobs", headers=BEARER)
+        assert answer.status_code == 503 and "rota migrate" in answer.json()["error"]
+
+
+def test_a_port_in_use_exits_1_saying_to_choose_another(capsys, monkeypatch, db_url):
+    monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["web", "--port", str(port)]) == 1
+    assert f"could not listen on 127.0.0.1:{port}: choose another --port" in capsys.readouterr().err

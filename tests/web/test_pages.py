@@ -35,7 +35,8 @@ def test_overview_charts_read_the_minute_samples(client, conn):
         workers.record_sample(conn, now=datetime.now(UTC) - timedelta(minutes=5 - minute))
     conn.execute("UPDATE rota.queue_sample SET done_total = extract(minute FROM minute)")
     page = client.get("/", headers=BEARER)
-    assert page.text.count("<polyline") == 2
+    # Throughput, failed attempts (none: a flat line at zero), the queue's age.
+    assert page.text.count("<polyline") == 3
 
 
 def test_jobs_filter_by_status_type_key_and_payload(client, conn):
@@ -128,7 +129,8 @@ def test_schedules_page_shows_payloads_and_the_archivers_settings_in_words(clien
         conn, schedule_store.ScheduleSpec("nightly", "report", "0 3 * * *", payload={"to": "<b>"})
     )
     page = client.get("/schedules", headers=BEARER).text
-    assert '{"to": "\\u003cb\\u003e"}' in page  # the payload as JSON, never as markup
+    # The payload as JSON, its text as text: never as markup, never as \u escapes.
+    assert "{&#34;to&#34;: &#34;&lt;b&gt;&#34;}" in page and "<b>" not in page
     assert "<b>" not in page
     assert "done jobs to <code>rota.job_archive</code> 1h after they finish" in page
     assert "failed, dead and cancelled ones after 30d" in page

@@ -11,12 +11,10 @@ import pytest
 
 from bench.web_pages import fill
 from rota import sql
+from rota.web.filters import JobFilter
 
 NOW = datetime.now(UTC)
-NO_FILTER = {
-    "status": None, "type": None, "key": None, "payload": None, "created_from": None,
-    "created_to": None,
-}  # fmt: skip
+NO_FILTER = JobFilter().params()
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -40,12 +38,16 @@ def page_filters() -> list[dict[str, Any]]:
         {"before": 500_000},
         {"status": "dead", "before": 30_000},
         {"status": "ready", "type": "type2"},
+        {"status": "ready", "retrying": True},
+        {"error": "SMTPError"},
+        {"status": "dead", "error": "timeout"},
     ]
     found = []
     for case in cases:
         params = {**NO_FILTER, "before": None, **case}
         bounded = any(
-            params[k] is not None for k in ("type", "payload", "created_from", "created_to")
+            params[k] is not None
+            for k in ("type", "payload", "error", "created_from", "created_to")
         )
         sorted_ = params["status"] not in (None, "done")
         found.append(
@@ -127,6 +129,12 @@ def test_no_console_query_reads_the_job_table_sequentially(million):
         ("web_known_types", {}),
         ("web_schedule_recent_jobs", {"id": 1, "limit": 5}),
         ("web_live_worker_types", {"now": NOW}),
+        ("web_retrying_types", {}),
+        ("web_failing_types", {"since": NOW}),
+        (
+            "web_chart_failures",
+            {"now": NOW, "span": timedelta(days=7), "bucket": timedelta(hours=1)},
+        ),
         ("web_session_alive", {"id": "x", "now": NOW}),
         ("queue_sample_type_record", {"now": NOW}),
         (
@@ -141,4 +149,4 @@ def test_no_console_query_reads_the_job_table_sequentially(million):
     for name, params in singles:
         assert not seq_scans_job(name, params), name
         checked.append(name)
-    assert len(set(checked)) == 30
+    assert len(set(checked)) == 33

@@ -95,7 +95,7 @@ def test_a_jobs_page_shows_every_attempts_error_and_its_result(client, conn):
     )  # newest first
     done = add_job(conn, "email", "done", result=Jsonb({"sent": 3}))
     page = client.get(f"/jobs/{done}", headers=PAGE).text
-    assert 'id="result"' in page and '"sent": 3' in page
+    assert 'id="result"' in page and "&#34;sent&#34;: 3" in page
 
 
 def test_run_a_schedule_now_is_audited_and_shown_among_its_recent_jobs(client, conn):
@@ -169,6 +169,7 @@ def test_the_overview_warns_of_what_needs_a_person(client, conn):
     assert re.search(r'class="count bad" href="/jobs\?status=failed&amp;type=email">1<', page)
     conn.execute("DELETE FROM rota.paused_type")
     conn.execute("DELETE FROM rota.lease_expiration")
+    conn.execute("DELETE FROM rota.job WHERE status = 'failed'")
     workers.register(conn, workers.WorkerInfo("w1", concurrency=1, types=("email",)))
     assert "Nothing needs you" in client.get("/", headers=PAGE).text
 

@@ -13,12 +13,19 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any
 
-from rota import limits
+from rota import handlers, limits
 from rota.cli import timeouts
 from rota.cli.common import UsageError, checked, database_url, port_number, positive_int
+from rota.db import connect
+from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import check_served
+from rota.migrate import require_current
+from rota.settings import ConnectionSettings
+
+log = logging.getLogger("rota_worker")
 
 
 def register(sub: Any) -> None:
@@ -85,6 +92,15 @@ def register(sub: Any) -> None:
         help="the event loop not turning for this long is a stall, logged and counted in"
         f" rota_worker_loop_stalls_total (default: {LOOP_STALL_ENV} or 1)",
     )
+    p.add_argument(
+        "--startup-wait",
+        type=checked(float, limits.delay_seconds),
+        default=STARTUP_WAIT_SECONDS,
+        metavar="SECONDS",
+        help="how long to wait at start for the database to answer with Rota's current"
+        " schema before exiting with code 1 (a wrong URL, a database not yet up, or"
+        f" not migrated; default {STARTUP_WAIT_SECONDS:g})",
+    )
     timeouts.add_options(p, heartbeat=True)
     p.set_defaults(func=cmd_worker)
 
@@ -100,6 +116,7 @@ def register(sub: Any) -> None:
 
 
 LOOP_STALL_ENV = "ROTA_LOOP_STALL_SECONDS"
+STARTUP_WAIT_SECONDS = 60.0
 
 
 def _loop_stall(args: argparse.Namespace, default: float) -> float:
@@ -109,8 +126,27 @@ def _loop_stall(args: argparse.Namespace, default: float) -> float:
 
 
 def load_handlers(modules: list[str]) -> None:
-    """Import the modules that register handlers (and the built-in ones)."""
-    for name in ["rota.archive", *modules]:
+    """Import the modules that register handlers (and the built-in ones); refuse
+    modules that register none, and a job type given two handlers."""
+    clashes = len(handlers.replaced)
+    _import(["rota.archive"])
+    loaded = handlers.registered()
+    _import(modules)
+    if modules and handlers.registered() == loaded:
+        raise UsageError(
+            f"the handlers module(s) {', '.join(modules)} register no handler:"
+            ' decorate the functions that run jobs with @rota.handler("job.type")'
+        )
+    if len(handlers.replaced) > clashes:
+        old, new = handlers.replaced[clashes]
+        raise UsageError(
+            f"job type {new.type!r} has two handlers, {handlers.describe(old)} and"
+            f" {handlers.describe(new)}: a type has one handler"
+        )
+
+
+def _import(modules: list[str]) -> None:
+    for name in modules:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -152,6 +188,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     load_handlers(args.handlers)
     if types is not None:
         check_served(types)
+    wait_for_database(dsn, settings.connection, args.startup_wait)
     Worker(dsn, settings).run(install_signals=True)
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
         # Sync handlers still running past the grace period were given back;
@@ -160,6 +197,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         os._exit(0)
     return 0
+
+
+def wait_for_database(dsn: str, connection: ConnectionSettings, seconds: float) -> None:
+    """Return once the database answers with Rota's current schema; after `seconds`
+    of trying, a `RotaError` that says why (`rota` exits 1): a wrong URL or an
+    unmigrated database must not look like a worker that hangs."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with connect(dsn, **connection.libpq(dsn)) as conn:
+                require_current(conn)
+            return
+        except (DatabaseUnavailable, MigrationError) as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RotaError(
+                    f"gave up after {seconds:g}s waiting for the database (--startup-wait): {exc}"
+                ) from None
+            log.warning("waiting for the database (%s); giving up in %.0fs", exc, left)
+            time.sleep(min(2.0, left))
 
 
 def _django() -> str:
@@ -172,7 +229,19 @@ def _django() -> str:
     except ImportError as exc:
         raise UsageError(f"--django needs Django 6 (pip install 'rota[django]'): {exc}") from None
     _, dsn = setup_worker()
+    _one_line_per_log_record()
     return dsn
+
+
+def _one_line_per_log_record() -> None:
+    """Django's default logging (DEBUG on, as `startproject` leaves it) gives its
+    `django` logger a console handler of its own, whose records also reach the
+    root's handler: each line printed twice. The root's handler (`rota
+    --log-format`) prints them once."""
+    django_logger = logging.getLogger("django")
+    django_logger.handlers = [
+        h for h in django_logger.handlers if type(h) is not logging.StreamHandler
+    ]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,36 @@
+"""The dead letters, grouped by type and error class, and retrying a group."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rota.web import actions, reads
+from rota.web.console import Console, check_params, form_field
+from rota.web.routes.acting import threaded
+
+
+def dead(c: Console, request: Request) -> Response:
+    who = c.viewer(request)
+    check_params(request, set())
+    with c.conn() as conn:
+        groups = reads.dead_groups(conn)
+    return c.render(request, "dead.html", who, groups=groups, nav="dead")
+
+
+async def dead_retry(c: Console, request: Request) -> Response:
+    who, form = await c.actor(request)
+    job_type = form_field(form, "type") or ""
+    error_class = form_field(form, "error_class") or ""
+    done = await threaded(c, actions.retry_dead_group, who, job_type, error_class)
+    return c.acted(request, form, done)
+
+
+def routes(c: Console) -> list[Route]:
+    return [
+        Route("/dead", partial(dead, c)),
+        Route("/dead/retry", partial(dead_retry, c), methods=["POST"]),
+    ]

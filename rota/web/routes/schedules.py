@@ -1,0 +1,51 @@
+"""The schedules: their next slots and recent jobs; run one now, suspend, resume."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rota.errors import InvalidInput
+from rota.web import actions, filters, reads
+from rota.web.console import Console, check_params, form_field
+from rota.web.routes.acting import threaded
+
+
+def schedules(c: Console, request: Request) -> Response:
+    who = c.viewer(request)
+    check_params(request, set())
+    with c.conn() as conn:
+        views = reads.schedules(conn)
+    return c.render(request, "schedules.html", who, schedules=views, nav="schedules")
+
+
+async def schedule_run(c: Console, request: Request) -> Response:
+    who, form = await c.actor(request)
+    name = filters.clean(request.path_params["name"], "schedule name")
+    return c.acted(request, form, await threaded(c, actions.run_schedule, who, name))
+
+
+def schedule_action(c: Console, suspend: bool) -> Any:
+    async def endpoint(request: Request) -> Response:
+        who, form = await c.actor(request)
+        name = form_field(form, "name")
+        if not name:
+            raise InvalidInput("give the schedule's name")
+        done = await threaded(c, actions.suspend_schedule, who, name, suspend)
+        return c.acted(request, form, done)
+
+    return endpoint
+
+
+def routes(c: Console) -> list[Route]:
+    post = ["POST"]
+    return [
+        Route("/schedules", partial(schedules, c)),
+        Route("/schedules/suspend", schedule_action(c, True), methods=post),
+        Route("/schedules/resume", schedule_action(c, False), methods=post),
+        Route("/schedules/{name:path}/run", partial(schedule_run, c), methods=post),
+    ]
