@@ -22,15 +22,20 @@ Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 # "{custom}" stands for every custom resource the operator serves.
 API_CALLS: dict[str, list[Grant]] = {
     "read_namespaced_deployment_scale": [("apps", "deployments/scale", "get")],
+    "read_namespaced_deployment": [("apps", "deployments", "get")],
     "patch_namespaced_deployment_scale": [("apps", "deployments/scale", "patch")],
     "patch_namespaced_custom_object_status": [("{group}", "{custom}/status", "patch")],
     "create_namespaced_event": [("", "events", "create")],
     "list_namespaced_pod": [("", "pods", "list")],
     "patch_namespaced_pod": [("", "pods", "patch")],
     # The wait for peering lists CRDs and kopf's peering objects: kopf's own
-    # grants (below) already cover both.
+    # grants (below) already cover both. A WorkerPool lists the other scalers
+    # of its namespace (pool_inputs.SCALERS): WorkerPools are covered by kopf's.
     "list_cluster_custom_object": [],
-    "list_namespaced_custom_object": [],
+    "list_namespaced_custom_object": [
+        ("autoscaling", "horizontalpodautoscalers", "list"),
+        ("keda.sh", "scaledobjects", "list"),
+    ],
 }
 # kopf itself: list+watch to serve a resource, patch for finalizers and its
 # annotations, events for handler failures.

@@ -50,6 +50,9 @@ BUILTIN: dict[str, kmock.ResourceInfo] = {
     "apps/v1/deployments": kmock.ResourceInfo(
         kind="Deployment", namespaced=True, subresources={"status", "scale"}
     ),
+    "autoscaling/v1/horizontalpodautoscalers": kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler", namespaced=True
+    ),
     "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False
     ),
