@@ -10,6 +10,7 @@ Event: neither ever stops the operator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -163,9 +164,32 @@ async def run_pool(*, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
                 config.poll_interval_seconds,
                 state,
             )
+            if interval is None:
+                return  # the WorkerPool is gone
             await asyncio.sleep(interval)
     finally:
         metrics.forget_pool(f"{ref.namespace}/{ref.name}")
+
+
+def _without_finalizer(fn: Any) -> None:
+    """Declare the daemon `fn` as needing no finalizer on its objects.
+
+    kopf puts its finalizer on every object a daemon runs for, so that the daemon
+    stops before the object goes. A WorkerPool needs no cleanup, and with a
+    finalizer a pool deleted together with its operator (`helm uninstall`
+    deletes both at once) would stay Terminating for ever. Its loop notices by
+    itself that the object is gone (pools.poll_once), and kopf takes the
+    finalizer of an earlier version off the pools it finds.
+    tests/operator/test_pool_lifecycle.py fails if a kopf release changes this.
+    """
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if h.fn is fn else h
+        for h in spawning._handlers
+    ]
+
+
+_without_finalizer(run_pool)
 
 
 def _retry_later(

@@ -137,6 +137,19 @@ class Kube:
                 "Cannot post the event %s on %s/%s: %s", reason, ref.namespace, ref.name, exc
             )
 
+    def exists(self, ref: ObjectRef) -> bool:
+        """Whether the custom object is still there (False once it is deleted)."""
+        group, version = ref.api_version.split("/")
+        plural = f"{ref.kind.lower()}s"
+        api = self.custom.get_namespaced_custom_object
+        try:
+            _call(api, group, version, ref.namespace, plural, ref.name)
+        except KubeError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
         """The Deployment itself (its pod template says how many jobs a worker runs)."""
         return _call(self.apps.read_namespaced_deployment, name, namespace)

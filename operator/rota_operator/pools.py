@@ -110,8 +110,15 @@ def poll_once(
     default_poll_seconds: float,
     state: PoolState,
     clock: Callable[[], float] = time.monotonic,
-) -> float:
-    """Measure, decide, scale and write the status; returns the seconds to the next poll."""
+) -> float | None:
+    """Measure, decide, scale and write the status; returns the seconds to the next
+    poll, or None once the WorkerPool is gone (its loop then ends: a WorkerPool has
+    no finalizer, so its deletion never waits for the operator)."""
+    try:
+        if not kube.exists(ref):
+            return None
+    except KubeError as exc:
+        logger.warning("Cannot read %s/%s: %s", ref.namespace, ref.name, exc)
     try:
         spec = PoolSpec.parse(raw_spec, default_poll_seconds)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:

@@ -25,6 +25,7 @@ API_CALLS: dict[str, list[Grant]] = {
     "read_namespaced_deployment": [("apps", "deployments", "get")],
     "patch_namespaced_deployment_scale": [("apps", "deployments/scale", "patch")],
     "patch_namespaced_custom_object_status": [("{group}", "{custom}/status", "patch")],
+    "get_namespaced_custom_object": [("{group}", "{custom}", "get")],
     "create_namespaced_event": [("", "events", "create")],
     "list_namespaced_pod": [("", "pods", "list")],
     "patch_namespaced_pod": [("", "pods", "patch")],
