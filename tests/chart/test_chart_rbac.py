@@ -64,6 +64,8 @@ def _api_calls() -> set[str]:
     """Names of the kubernetes client methods called on the operator's API objects."""
     calls = set()
     for path in OPERATOR.glob("*.py"):
+        if path.name == "signing_key.py":
+            continue  # a hook Job with a Role of its own (test_chart_secrets.py)
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Attribute)
@@ -113,8 +115,10 @@ def _grants(role: dict[str, Any]) -> set[Grant]:
 
 
 SCENARIOS = {
-    "cluster": [],
-    "cluster-peering": ["operator.peering.enabled=true"],
+    "cluster": ["operator.watchNamespaces={*}"],
+    "cluster-peering": ["operator.watchNamespaces={*}", "operator.peering.enabled=true"],
+    "namespaced-release": [],
+    "namespaced-release-peering": ["operator.peering.enabled=true"],
     "namespaced": ["operator.watchNamespaces={team-a,team-b}"],
     "namespaced-peering": [
         "operator.watchNamespaces={team-a,team-b}",
@@ -132,9 +136,9 @@ def test_rbac_grants_exactly_what_the_operator_uses(render: Render, scenario: st
     (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     assert _grants(cluster_role) == want_cluster
     roles = [o for o in objects if o["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == (
-        ["team-a", "team-b"] if namespaced else []
-    )
+    # No watchNamespaces: the release's own namespace.
+    watched = ["team-a", "team-b"] if "team-a" in str(sets) else ["rota"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == (watched if namespaced else [])
     for role in roles:
         assert _grants(role) == want_ns
 
