@@ -210,7 +210,7 @@ def test_database_url_comes_from_the_secret(render: Render) -> None:
         for obj in render(values=values):
             pod = _pod_spec(obj)
             for container in (pod or {}).get("containers", []):
-                if container["name"] == "make-key":
+                if container["name"] == "chart-hooks":
                     assert "env" not in container  # the console's key maker needs no database
                     continue
                 (env,) = [e for e in container["env"] if e["name"] == "ROTA_DATABASE_URL"]
