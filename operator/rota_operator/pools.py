@@ -21,7 +21,7 @@ from rota import limits as checks
 from rota import status as queue_status
 from rota import workers
 from rota.errors import RotaError
-from rota_operator import metrics, pool_inputs
+from rota_operator import metrics, pool_inputs, pool_reports
 from rota_operator.conditions import now_rfc3339, with_condition
 from rota_operator.kube import Kube, KubeError, ObjectRef, Replicas
 from rota_operator.scaling import Decision, PoolLimits, QueueSample, ScaleMemory, decide
@@ -181,13 +181,12 @@ def _reconcile(
         status["lastScaleTime"] = now_rfc3339()
     metrics.record_replicas(f"{ref.namespace}/{ref.name}", decision.desired, replicas.status)
     message = decision.message + f"; {per} jobs per replica from {source}"
-    message += _report_types(kube, ref, state, age, cover)
-    _report_holds(kube, ref, state, spec.paused, tuple(conflicts))
+    message += pool_reports.report_types(kube, ref, state, age, cover)
+    pool_reports.report_holds(kube, ref, state, spec.paused, tuple(conflicts))
     if conflicts:
         message = f"other controllers scale {spec.target}: {', '.join(conflicts)}; " + message
-    state.conditions = with_condition(
-        state.conditions, "Ready", not conflicts, decision.reason, message
-    )
+    reason = "ConflictingController" if conflicts else decision.reason
+    state.conditions = with_condition(state.conditions, "Ready", not conflicts, reason, message)
     return {
         **status,
         "pausedTypes": list(age.paused_types),
@@ -257,62 +256,6 @@ def _name_unhandled(
     types = queue_status.read_status(database_url).types
     unhandled = tuple(t for t, m in types.items() if m.due and not m.paused and t not in handled)
     return dataclasses.replace(cover, unhandled=unhandled)
-
-
-def _report_types(
-    kube: Kube,
-    ref: ObjectRef,
-    state: PoolState,
-    age: queue_status.QueueAge,
-    cover: pool_inputs.TypeCoverage,
-) -> str:
-    """Paused, limited and unhandled types: a condition, an Event when new, and the
-    words appended to the Ready condition's message."""
-    message = ""
-    if age.paused_types:
-        paused = ", ".join(age.paused_types)
-        message += f"; paused types (not scaled for): {paused}"
-        if tuple(age.paused_types) != state.paused:
-            kube.post_event(ref, "Normal", "Paused", f"jobs of {paused} are paused: not scaled for")
-    state.paused = tuple(age.paused_types)
-    if age.limited_types:
-        limited = ", ".join(age.limited_types)
-        message += f"; held back by limits (not scaled for): {limited}"
-        if tuple(age.limited_types) != state.limited:
-            kube.post_event(
-                ref, "Normal", "Limited", f"a limit holds jobs of {limited} back: not scaled for"
-            )
-    state.limited = tuple(age.limited_types)
-    if cover.unhandled:
-        text = f"no live worker handles {', '.join(cover.unhandled)}: their jobs are not counted"
-        message += f"; {text}"
-        if cover.unhandled != state.unhandled:
-            kube.post_event(ref, "Warning", "UnhandledTypes", text)
-        condition = (False, "UnhandledTypes", text)
-    elif cover.handled is None:
-        condition = (True, "NoWorkerSeen", "no worker has registered its types yet: all counted")
-    else:
-        condition = (True, "AllTypesHandled", f"workers handle {', '.join(cover.handled)}")
-    state.unhandled = cover.unhandled
-    state.conditions = with_condition(state.conditions, "TypesHandled", *condition)
-    return message
-
-
-def _report_holds(
-    kube: Kube, ref: ObjectRef, state: PoolState, paused: bool, conflicts: tuple[str, ...]
-) -> None:
-    """An Event when the pool is paused, and a Warning when another controller appears."""
-    if paused and not state.held:
-        kube.post_event(ref, "Normal", "PoolPaused", "spec.paused: the replicas are left alone")
-    state.held = paused
-    if conflicts and conflicts != state.conflicts:
-        kube.post_event(
-            ref,
-            "Warning",
-            "ConflictingController",
-            f"not scaling: the target is also scaled by {', '.join(conflicts)}",
-        )
-    state.conflicts = conflicts
 
 
 def _failed(

@@ -95,8 +95,10 @@ def test_a_second_controller_on_the_target_stops_both_pools_and_says_so(
 ) -> None:
     kube_api.create(DEPLOYMENTS, worker_deployment("shared", 1))
     add_ready_jobs(conn, 50, age_seconds=900, type_="email.send")
-    kube_api.create(POOLS, worker_pool("first", "shared"))
+    # The first is paused until the second exists, so that no poll runs with one alone.
+    kube_api.create(POOLS, worker_pool("first", "shared", paused=True))
     kube_api.create(POOLS, worker_pool("second", "shared"))
+    kube_api.patch(f"{POOLS}/first", {"spec": {"paused": False}})
     for name, other in (("first", "WorkerPool/second"), ("second", "WorkerPool/first")):
         ready = wait_for(
             lambda n=name: (
@@ -114,7 +116,7 @@ def test_a_second_controller_on_the_target_stops_both_pools_and_says_so(
 
     kube_api.delete(f"{POOLS}/second")
     wait_for(lambda: kube_api.get(f"{DEPLOYMENTS}/shared")["spec"]["replicas"] > 1, what="scaling")
-    assert condition(kube_api, "first", "Ready")["status"] == "True"
+    wait_for(lambda: condition(kube_api, "first", "Ready")["status"] == "True", what="Ready")
 
 
 def test_an_hpa_or_a_keda_scaled_object_on_the_target_is_a_conflict(
