@@ -8,9 +8,9 @@ every install and upgrade (and Argo CD before every sync).
   (`--copy-from`) is copied, so sessions survive the upgrade to this one too.
 - `--adopt group/version/plural/namespace/name`: an object an earlier chart
   version made as a Helm hook (the WorkerPool, the kopf peering objects) gets
-  the release's ownership annotations and loses its hook ones, so that this
-  upgrade takes it over as an ordinary object of the release instead of
-  failing on "exists and cannot be imported".
+  the release's ownership annotations and loses its hook ones, as if the
+  release had made it. (Helm checks ownership before any hook runs, so the
+  upgrade from such a version still needs `helm upgrade --take-ownership`.)
 
 It runs with rights of its own (get and create on the key's Secret; get and
 patch on the named objects), not with the operator's.

@@ -36,7 +36,7 @@ from psycopg.rows import dict_row
 import rota
 from rota.testing import EmbeddedPostgres
 from tests.cluster import controlplane
-from tests.cluster.test_cluster import CHART, ROOT, Kube, measure, wait_until
+from tests.cluster.test_cluster import CHART, ROOT, Kube, measure, validate_flag, wait_until
 from tests.cluster.tls import SystemPostgres, make_certificates, require_tls
 
 pytestmark = pytest.mark.skipif(
@@ -155,10 +155,12 @@ def pool_name(release: str) -> str:
 
 def test_the_previous_release_installs(kube: Kube, plain_db: Db, previous_chart: Path) -> None:
     fresh_namespace(kube, ALPHA_NS, plain_db.pods)
+    # Two installations: the CRDs are managed apart from both releases (this
+    # version's, applied as the docs say), so neither release owns them.
+    kube.kubectl("apply", "-f", str(ROOT / "crds"), *validate_flag(kube))
     old = ["--set", "operator.image.tag=previous", "--set", "worker.image.tag=previous"]
-    values = ALPHA_VALUES.parent
-    values.mkdir(parents=True, exist_ok=True)
-    ALPHA_VALUES.write_text(WORKER_VALUES + "web:\n  enabled: true\n")
+    ALPHA_VALUES.parent.mkdir(parents=True, exist_ok=True)
+    ALPHA_VALUES.write_text(WORKER_VALUES + "crds:\n  enabled: false\nweb:\n  enabled: true\n")
     helm(kube, "install", ALPHA, str(previous_chart), "-n", ALPHA_NS, "-f", str(ALPHA_VALUES), *old)
     pool = kubectl_json(kube, ALPHA_NS, "workerpool", pool_name(ALPHA))
     assert pool["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
@@ -177,7 +179,12 @@ def test_upgrading_while_jobs_run_loses_and_doubles_none(kube: Kube, plain_db: D
     )
     started = time.monotonic()
     # The same values, this chart's defaults for the rest (the images of this version).
-    helm(kube, "upgrade", ALPHA, str(CHART), "-n", ALPHA_NS, "-f", str(ALPHA_VALUES))
+    # --take-ownership, once, as the docs say for an upgrade from 0.3: the old chart
+    # made the WorkerPool as a hook, which Helm would otherwise refuse to take over.
+    helm(
+        kube, "upgrade", ALPHA, str(CHART), "-n", ALPHA_NS, "-f", str(ALPHA_VALUES),
+        "--take-ownership",
+    )  # fmt: skip
     measure("upgrade_from_previous_chart_seconds", time.monotonic() - started)
     wait_until(
         "every job done",
