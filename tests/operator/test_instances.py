@@ -97,13 +97,15 @@ def test_two_installations_each_reconcile_only_their_own(
 
     with start_operator("blue", "team-a"), start_operator("green", "team-a,team-b"):
         for row in ("team-a/blue-a", "team-a/green-a", "team-b/green-b"):
-            wait_for(lambda r=row: schedules.get(db_url, r), what=f"row {row}")
+            # Two operator processes start on a loaded machine: a generous deadline.
+            wait_for(lambda r=row: schedules.get(db_url, r), timeout=120, what=f"row {row}")
         pool_status = wait_for(
             lambda: (
                 kube_api.get("/apis/rota.dev/v1/namespaces/team-b/workerpools/green-pool")
                 .get("status", {})
                 .get("decidedBy")
             ),
+            timeout=60,
             what="the green pool decided",
         )
         assert pool_status
@@ -116,6 +118,7 @@ def test_two_installations_each_reconcile_only_their_own(
                 ]
                 == 0
             ),
+            timeout=60,
             what="team-b scaled by green",
         )
         for name, instance in (("blue-a", "blue"), ("green-a", "green")):
@@ -131,6 +134,12 @@ def test_two_installations_each_reconcile_only_their_own(
         assert team_a["spec"]["replicas"] == 3
 
         kube_api.delete(f"{schedules_path('team-a')}/green-a")
-        wait_for(lambda: schedules.get(db_url, "team-a/green-a") is None, what="green-a removed")
-        wait_for(lambda: kube_api.get(f"{schedules_path('team-a')}/green-a") is None, what="gone")
+        wait_for(
+            lambda: schedules.get(db_url, "team-a/green-a") is None, timeout=60, what="removed"
+        )
+        wait_for(
+            lambda: kube_api.get(f"{schedules_path('team-a')}/green-a") is None,
+            timeout=60,
+            what="gone",
+        )
         assert schedules.get(db_url, "team-a/blue-a") is not None
