@@ -15,6 +15,17 @@ kubernetes-local: cluster-deps ## build kube-apiserver, controller-manager, sche
 images-local: cluster-deps ## build the worker, operator and handler images with buildah from local Debian bases (trixie for the worker, bookworm for the operator)
 	bash tests/cluster/images.sh build
 
+# The previous release's images, for the upgrade of tests/cluster/test_production.py:
+# the tree of PREVIOUS_REF (default main) exported to the cache and built as tag
+# "previous" by its own images.sh.
+CLUSTER_STATE := $(or $(ROTA_CLUSTER_DIR),/var/tmp/rota-cluster)
+PREVIOUS_REF ?= main
+PREVIOUS_DIR := $(or $(ROTA_CACHE),$(HOME)/.cache/rota)/previous
+images-previous: cluster-deps ## build the images of PREVIOUS_REF (default main) as tag "previous", for the upgrade test
+	rm -rf $(PREVIOUS_DIR) && mkdir -p $(PREVIOUS_DIR)
+	git archive $(PREVIOUS_REF) | tar -x -C $(PREVIOUS_DIR)
+	IMAGE_TAG=previous bash $(PREVIOUS_DIR)/tests/cluster/images.sh build
+
 cluster-up: kubernetes-local ## start the local cluster (etcd, apiserver, controllers, kubelet on containerd); prints `export KUBECONFIG=...` last
 	@$(CLUSTER) up
 
@@ -26,10 +37,11 @@ cluster-load: ## import the images-local images into the running cluster's conta
 
 # The cluster is stopped afterwards unless KEEP_CLUSTER=1; a failing run keeps
 # its exit status.
-test-cluster: $(STAMP) $(HELM) $(KUBECTL) kubernetes-local images-local ## the end-to-end run against the local cluster: helm install, operator, WorkerPool, kills, upgrade, uninstall
+test-cluster: $(STAMP) $(HELM) $(KUBECTL) kubernetes-local images-local images-previous ## the end-to-end run against the local cluster: helm install, operator, WorkerPool, kills, upgrades, two installations, TLS, uninstall
 	@$(CLUSTER) up >/dev/null
 	$(CLUSTER) load-images
+	IMAGE_TAG=previous bash tests/cluster/images.sh load $(CLUSTER_STATE)/containerd/containerd.sock
 	ROTA_CLUSTER_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider tests/cluster $(CLUSTER_PYTEST_ARGS); \
 	  status=$$?; [ -n "$(KEEP_CLUSTER)" ] || $(CLUSTER) down; exit $$status
 
-.PHONY: cluster-deps kubernetes-local images-local cluster-up cluster-down cluster-load test-cluster
+.PHONY: cluster-deps kubernetes-local images-local images-previous cluster-up cluster-down cluster-load test-cluster

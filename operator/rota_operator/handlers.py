@@ -10,6 +10,7 @@ Event: neither ever stops the operator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -20,14 +21,18 @@ import kopf
 from rota import schedule_store as core
 from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
 from rota_operator import jobschedules, kube, metrics, pools
-from rota_operator.settings import Settings
+from rota_operator.settings import INSTANCE_LABEL, Settings
 
 SCHEDULES = ("rota.dev", "v1", "jobschedules")
 POOLS = ("rota.dev", "v1", "workerpools")
 DATABASE_ERRORS = (DatabaseUnavailable, DatabaseError)
 
-# Timer intervals are fixed when the handlers are declared, so this one setting is read at import.
-SCHEDULE_SYNC_SECONDS = Settings.from_environ().schedule_sync_seconds
+# Timer intervals and filters are fixed when the handlers are declared: these are read at import.
+_DECLARED = Settings.from_environ()
+SCHEDULE_SYNC_SECONDS = _DECLARED.schedule_sync_seconds
+OWNED: dict[str, Any] = {INSTANCE_LABEL: _DECLARED.instance or kopf.ABSENT}
+"""Which objects this installation handles: those labelled with its instance, or
+(without an instance) those that carry no instance label at all."""
 
 
 @kopf.on.startup()
@@ -37,10 +42,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.config = config
     memo.kube = kube.Kube(await asyncio.to_thread(kube.load_client))
     # kopf's bookkeeping goes to annotations: the structural schemas would prune it from status.
-    settings.persistence.finalizer = "rota.dev/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rota.dev")
+    # Each installation has its own keys: two operators never strip each other's finalizer.
+    settings.persistence.finalizer = config.finalizer
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.domain)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="rota.dev", key="last-handled-configuration"
+        prefix=config.domain, key="last-handled-configuration"
     )
     settings.peering.name = config.peering_name
     settings.peering.standalone = config.standalone or settings.peering.standalone
@@ -67,9 +73,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-@kopf.on.resume(*SCHEDULES)
-@kopf.on.create(*SCHEDULES)
-@kopf.on.update(*SCHEDULES)
+@kopf.on.resume(*SCHEDULES, labels=OWNED)
+@kopf.on.create(*SCHEDULES, labels=OWNED)
+@kopf.on.update(*SCHEDULES, labels=OWNED)
 def apply_schedule(
     *, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int, **_: Any
 ) -> None:
@@ -96,7 +102,7 @@ def _apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int) -> N
     patch.status.update(jobschedules.synced_status(row, body.status, generation))
 
 
-@kopf.on.delete(*SCHEDULES)
+@kopf.on.delete(*SCHEDULES, labels=OWNED)
 def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
     """Remove the row; the finalizer holds the object until the database said yes.
     An object refused for a built-in's name never had the row: it is left alone."""
@@ -110,7 +116,12 @@ def remove_schedule(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
         raise _retry_later("jobschedules", exc, memo.config, retry) from exc
 
 
-@kopf.timer(*SCHEDULES, interval=SCHEDULE_SYNC_SECONDS, initial_delay=SCHEDULE_SYNC_SECONDS)
+@kopf.timer(
+    *SCHEDULES,
+    interval=SCHEDULE_SYNC_SECONDS,
+    initial_delay=SCHEDULE_SYNC_SECONDS,
+    labels=OWNED,
+)
 def sync_schedule_status(*, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Mirror the row's progress (next run, last slot, missed slots) into the status."""
     status, generation = body.status, body.meta.get("generation")
@@ -133,7 +144,7 @@ def sync_schedule_status(*, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
         patch.status.update(jobschedules.row_status(row))
 
 
-@kopf.daemon(*POOLS, cancellation_timeout=10.0)
+@kopf.daemon(*POOLS, cancellation_timeout=10.0, labels=OWNED)
 async def run_pool(*, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Poll the queue and scale the target every pollIntervalSeconds, for the pool's lifetime.
 
@@ -153,9 +164,32 @@ async def run_pool(*, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
                 config.poll_interval_seconds,
                 state,
             )
+            if interval is None:
+                return  # the WorkerPool is gone
             await asyncio.sleep(interval)
     finally:
         metrics.forget_pool(f"{ref.namespace}/{ref.name}")
+
+
+def _without_finalizer(fn: Any) -> None:
+    """Declare the daemon `fn` as needing no finalizer on its objects.
+
+    kopf puts its finalizer on every object a daemon runs for, so that the daemon
+    stops before the object goes. A WorkerPool needs no cleanup, and with a
+    finalizer a pool deleted together with its operator (`helm uninstall`
+    deletes both at once) would stay Terminating for ever. Its loop notices by
+    itself that the object is gone (pools.poll_once), and kopf takes the
+    finalizer of an earlier version off the pools it finds.
+    tests/operator/test_pool_lifecycle.py fails if a kopf release changes this.
+    """
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if h.fn is fn else h
+        for h in spawning._handlers
+    ]
+
+
+_without_finalizer(run_pool)
 
 
 def _retry_later(

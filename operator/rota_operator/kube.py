@@ -137,6 +137,31 @@ class Kube:
                 "Cannot post the event %s on %s/%s: %s", reason, ref.namespace, ref.name, exc
             )
 
+    def exists(self, ref: ObjectRef) -> bool:
+        """Whether the custom object is still there (False once it is deleted)."""
+        group, version = ref.api_version.split("/")
+        plural = f"{ref.kind.lower()}s"
+        api = self.custom.get_namespaced_custom_object
+        try:
+            _call(api, group, version, ref.namespace, plural, ref.name)
+        except KubeError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Deployment itself (its pod template says how many jobs a worker runs)."""
+        return _call(self.apps.read_namespaced_deployment, name, namespace)
+
+    def list_objects(
+        self, group: str, version: str, plural: str, namespace: str
+    ) -> list[dict[str, Any]]:
+        """The objects of a kind in a namespace, any API group (404 as KubeError when
+        the kind is not served, e.g. KEDA's CRD is not installed)."""
+        found = _call(self.custom.list_namespaced_custom_object, group, version, namespace, plural)
+        return [dict(item) for item in found.get("items") or ()]
+
     def list_names(self, group: str, version: str, plural: str, namespace: str = "") -> list[str]:
         """Names of the custom objects of a kind (404 as KubeError when it is not served)."""
         if namespace:

@@ -9,6 +9,8 @@ and the next poll tries again.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,10 +21,10 @@ from rota import limits as checks
 from rota import status as queue_status
 from rota import workers
 from rota.errors import RotaError
-from rota_operator import metrics
+from rota_operator import metrics, pool_inputs, pool_reports
 from rota_operator.conditions import now_rfc3339, with_condition
-from rota_operator.kube import Kube, KubeError, ObjectRef
-from rota_operator.scaling import PoolLimits, QueueSample, ScaleMemory, decide
+from rota_operator.kube import Kube, KubeError, ObjectRef, Replicas
+from rota_operator.scaling import Decision, PoolLimits, QueueSample, ScaleMemory, decide
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ SPEC_DEFAULTS: dict[str, Any] = {
     "targetQueueAgeSeconds": 30,
     "scaleDownStabilizationSeconds": 300,
     "pollIntervalSeconds": 15,
+    "paused": False,
 }
 """The CRD's defaults, applied again here for objects that did not pass through them."""
 
@@ -46,6 +49,9 @@ class PoolSpec:
     job_types: list[str] | None
     limits: PoolLimits
     poll_interval_seconds: float
+    paused: bool = False
+    jobs_per_replica: int | None = None
+    """spec.jobsPerReplica; None reads it from the target (pool_inputs.jobs_per_replica)."""
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any], default_poll: float) -> PoolSpec:
@@ -68,7 +74,12 @@ class PoolSpec:
             types = checks.names(types, "jobTypes")
         target = (values.get("scaleTargetRef") or {}).get("name") or ""
         poll = checks.interval_seconds(values["pollIntervalSeconds"], "pollIntervalSeconds")
-        return cls(target, list(types) if types else None, limits, poll)
+        per = values.get("jobsPerReplica")
+        per = checks.whole(per, "jobsPerReplica", 1) if per is not None else None
+        paused = values.get("paused", False)
+        if not isinstance(paused, bool):
+            raise ValueError(f"paused must be true or false, not {paused!r}")
+        return cls(target, list(types) if types else None, limits, poll, paused, per)
 
 
 @dataclass
@@ -81,6 +92,14 @@ class PoolState:
     """The paused types last reported, so that a pause is an Event once."""
     limited: tuple[str, ...] = ()
     """The types a limit held back last time, so that it is an Event once."""
+    handled: tuple[str, ...] | None = None
+    """The types live workers registered, remembered while none runs (None: never seen)."""
+    template: str = ""
+    """The target's pod template the handled types were seen with: a new one forgets them."""
+    unhandled: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    held: bool = False
+    """The pool was paused at the last poll, so that pausing is an Event once."""
 
 
 def poll_once(
@@ -91,8 +110,15 @@ def poll_once(
     default_poll_seconds: float,
     state: PoolState,
     clock: Callable[[], float] = time.monotonic,
-) -> float:
-    """Measure, decide, scale and write the status; returns the seconds to the next poll."""
+) -> float | None:
+    """Measure, decide, scale and write the status; returns the seconds to the next
+    poll, or None once the WorkerPool is gone (its loop then ends: a WorkerPool has
+    no finalizer, so its deletion never waits for the operator)."""
+    try:
+        if not kube.exists(ref):
+            return None
+    except KubeError as exc:
+        logger.warning("Cannot read %s/%s: %s", ref.namespace, ref.name, exc)
     try:
         spec = PoolSpec.parse(raw_spec, default_poll_seconds)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -127,9 +153,18 @@ def _reconcile(
     limits = spec.limits
     if limits.min_replicas > limits.max_replicas:
         raise ValueError(f"minReplicas {limits.min_replicas} > maxReplicas {limits.max_replicas}")
-    age = queue_status.queue_age(database_url, spec.job_types)
-    loads = workers.loads(database_url, spec.job_types)
     replicas = kube.read_replicas(ref.namespace, spec.target)
+    deployment = kube.read_deployment(ref.namespace, spec.target)
+    conflicts = pool_inputs.other_controllers(kube, ref.namespace, ref.name, spec.target)
+    cover = _coverage(database_url, spec, state, deployment)
+    age = queue_status.queue_age(database_url, cover.counted)
+    if cover.handled is not None and not spec.job_types:
+        cover = _name_unhandled(database_url, cover, age.ready_jobs)
+    loads = workers.loads(database_url, spec.job_types)
+    per, source = pool_inputs.jobs_per_replica(
+        spec.jobs_per_replica, deployment, (w.concurrency for w in loads)
+    )
+    limits = dataclasses.replace(limits, jobs_per_replica=per)
     sample = QueueSample(
         age.oldest_ready_age_seconds,
         age.ready_jobs,
@@ -138,42 +173,27 @@ def _reconcile(
         busy_replicas=len({w.host for w in loads if w.running}),
         slots_per_replica=max((w.concurrency for w in loads), default=1),
     )
-    decision = decide(limits, replicas.spec, sample, state.memory, now)
+    hold = "Paused" if spec.paused else "ConflictingController" if conflicts else None
+    decision = decide(limits, replicas.spec, sample, state.memory, now, hold=hold)
     state.memory = decision.memory
     status: dict[str, Any] = {}
-    if decision.desired < replicas.spec:
-        # A worker's host name is its pod's name: busy pods cost their jobs, idle
-        # ones nothing, so the ReplicaSet stops idle ones first.
-        costs: dict[str, int] = {}
-        for w in loads:
-            costs[w.host] = costs.get(w.host, 0) + w.running
-        kube.mark_deletion_costs(ref.namespace, replicas.selector, costs)
-    if decision.desired != replicas.spec:
-        kube.set_replicas(ref.namespace, spec.target, decision.desired)
-        kube.post_event(ref, "Normal", "Scaled", decision.message)
-        logger.info("WorkerPool %s/%s: %s", ref.namespace, ref.name, decision.message)
+    if hold is None and _scale(kube, ref, spec, replicas, decision, loads):
         status["lastScaleTime"] = now_rfc3339()
     metrics.record_replicas(f"{ref.namespace}/{ref.name}", decision.desired, replicas.status)
-    message = decision.message
-    if age.paused_types:
-        paused = ", ".join(age.paused_types)
-        message += f"; paused types (not scaled for): {paused}"
-        if tuple(age.paused_types) != state.paused:
-            kube.post_event(ref, "Normal", "Paused", f"jobs of {paused} are paused: not scaled for")
-    state.paused = tuple(age.paused_types)
-    if age.limited_types:
-        limited = ", ".join(age.limited_types)
-        message += f"; held back by limits (not scaled for): {limited}"
-        if tuple(age.limited_types) != state.limited:
-            kube.post_event(
-                ref, "Normal", "Limited", f"a limit holds jobs of {limited} back: not scaled for"
-            )
-    state.limited = tuple(age.limited_types)
-    state.conditions = with_condition(state.conditions, "Ready", True, decision.reason, message)
+    message = decision.message + f"; {per} jobs per replica from {source}"
+    message += pool_reports.report_types(kube, ref, state, age, cover)
+    pool_reports.report_holds(kube, ref, state, spec.paused, tuple(conflicts))
+    if conflicts:
+        message = f"other controllers scale {spec.target}: {', '.join(conflicts)}; " + message
+    reason = "ConflictingController" if conflicts else decision.reason
+    state.conditions = with_condition(state.conditions, "Ready", not conflicts, reason, message)
     return {
         **status,
         "pausedTypes": list(age.paused_types),
         "limitedTypes": list(age.limited_types),
+        "handledTypes": list(cover.handled or ()),
+        "unhandledTypes": list(cover.unhandled),
+        "conflictingControllers": list(conflicts),
         "currentReplicas": replicas.status,
         "desiredReplicas": decision.desired,
         "oldestReadyAgeSeconds": round(sample.oldest_ready_age_seconds, 3),
@@ -181,9 +201,61 @@ def _reconcile(
         "runningJobs": sample.running_jobs,
         "busyReplicas": sample.busy_replicas,
         "minReplicasForRunningJobs": sample.floor,
+        "jobsPerReplica": per,
+        "maxReplicasForJobs": sample.cap(per),
         "decidedBy": decision.reason,
         "conditions": state.conditions,
     }
+
+
+def _scale(
+    kube: Kube,
+    ref: ObjectRef,
+    spec: PoolSpec,
+    replicas: Replicas,
+    decision: Decision,
+    loads: list[workers.WorkerLoad],
+) -> bool:
+    """Apply a decision; True when the replicas changed."""
+    if decision.desired < replicas.spec:
+        # A worker's host name is its pod's name: busy pods cost their jobs, idle
+        # ones nothing, so the ReplicaSet stops idle ones first.
+        costs: dict[str, int] = {}
+        for w in loads:
+            costs[w.host] = costs.get(w.host, 0) + w.running
+        kube.mark_deletion_costs(ref.namespace, replicas.selector, costs)
+    if decision.desired == replicas.spec:
+        return False
+    kube.set_replicas(ref.namespace, spec.target, decision.desired)
+    kube.post_event(ref, "Normal", "Scaled", decision.message)
+    logger.info("WorkerPool %s/%s: %s", ref.namespace, ref.name, decision.message)
+    return True
+
+
+def _coverage(
+    database_url: str, spec: PoolSpec, state: PoolState, deployment: Mapping[str, Any]
+) -> pool_inputs.TypeCoverage:
+    """The types to count: those the live workers registered, remembered for the
+    target's current pod template while no worker runs."""
+    template = json.dumps((deployment.get("spec") or {}).get("template"), sort_keys=True)
+    if template != state.template:
+        state.handled, state.template = None, template
+    live = workers.live(database_url, shown=0)
+    if live:
+        state.handled = tuple(sorted({t for w in live for t in w.types}))
+    return pool_inputs.coverage(spec.job_types, state.handled)
+
+
+def _name_unhandled(
+    database_url: str, cover: pool_inputs.TypeCoverage, counted_ready: int
+) -> pool_inputs.TypeCoverage:
+    """With no jobTypes, the types of due jobs that no live worker handles."""
+    if queue_status.queue_age(database_url, None).ready_jobs <= counted_ready:
+        return cover
+    handled = set(cover.handled or ())
+    types = queue_status.read_status(database_url).types
+    unhandled = tuple(t for t, m in types.items() if m.due and not m.paused and t not in handled)
+    return dataclasses.replace(cover, unhandled=unhandled)
 
 
 def _failed(

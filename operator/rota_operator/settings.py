@@ -8,8 +8,14 @@ variables (a Deployment's `env:`), parsed here and nowhere else.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+INSTANCE_LABEL = "rota.dev/instance"
+"""The label that says which installation's operator owns a JobSchedule or WorkerPool."""
+
+_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,15 @@ class Settings:
     metrics_host: str = "0.0.0.0"
     """ROTA_METRICS_HOST: the address the metrics server listens on."""
 
+    instance: str = ""
+    """ROTA_INSTANCE: which installation this operator is. Set, it handles only the
+    objects labelled rota.dev/instance=<instance>, and its finalizer, annotations and
+    peering object carry the name; empty, it handles only objects without that label.
+    Lower-case letters, digits and '-' (it becomes part of a DNS name)."""
+
     peering_name: str = "rota-operator"
-    """ROTA_PEERING_NAME: the kopf peering object shared by the operator's replicas."""
+    """ROTA_PEERING_NAME: the kopf peering object shared by the operator's replicas
+    (default rota-operator, or rota-operator-<instance>)."""
 
     standalone: bool = False
     """ROTA_STANDALONE: true runs without peering (one replica only, or tests)."""
@@ -56,8 +69,17 @@ class Settings:
         """Settings from environment variables (os.environ by default), defaults for the rest."""
         env = os.environ if environ is None else environ
         default = cls()
+        instance = env.get("ROTA_INSTANCE", "").strip()
+        if instance and not _PREFIX.fullmatch(instance):
+            raise ValueError(
+                f"ROTA_INSTANCE {instance!r}: lower-case letters, digits and '-', at most 42"
+            )
+        peering = env.get("ROTA_PEERING_NAME", "") or (
+            f"{default.peering_name}-{instance}" if instance else default.peering_name
+        )
         return cls(
             database_url=env.get("ROTA_DATABASE_URL", default.database_url),
+            instance=instance,
             namespaces=_names(env.get("ROTA_NAMESPACES", "")),
             schedule_sync_seconds=float(
                 env.get("ROTA_SCHEDULE_SYNC_SECONDS", default.schedule_sync_seconds)
@@ -67,11 +89,20 @@ class Settings:
             ),
             metrics_port=int(env.get("ROTA_METRICS_PORT", default.metrics_port)),
             metrics_host=env.get("ROTA_METRICS_HOST", default.metrics_host),
-            peering_name=env.get("ROTA_PEERING_NAME", default.peering_name),
+            peering_name=peering,
             standalone=_flag(env.get("ROTA_STANDALONE", "")),
             peering_priority=int(env.get("ROTA_PEERING_PRIORITY", default.peering_priority)),
             retry_max_seconds=float(env.get("ROTA_RETRY_MAX_SECONDS", default.retry_max_seconds)),
         )
+
+    @property
+    def domain(self) -> str:
+        """The prefix of this installation's finalizer and annotations."""
+        return f"{self.instance}.rota.dev" if self.instance else "rota.dev"
+
+    @property
+    def finalizer(self) -> str:
+        return f"{self.domain}/finalizer"
 
     def retry_delay(self, retry: int) -> float:
         """Exponential backoff for a database outage: 1, 2, 4 ... seconds, capped."""

@@ -11,17 +11,19 @@ import argparse
 import logging
 import signal
 import threading
+from datetime import datetime
 from typing import Any
 
-from rota import limits
+from rota import db, limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
 from rota.cli import timeouts
 from rota.cli.common import checked, database_url, parse_duration
 from rota.errors import DatabaseUnavailable, MigrationError
+from rota.metrics import Page, serve_pages
 from rota.migrate import require_current
 from rota.reaper import Reaper, ReaperSettings
 from rota.scheduler import Scheduler
-from rota.services import Service, run_loop
+from rota.services import Result, Service, run_loop
 
 log = logging.getLogger("rota")
 
@@ -36,11 +38,13 @@ def register(sub: Any) -> None:
         help="seconds between passes (default 5)",
     )
     p.add_argument("--once", action="store_true", help="one pass, then exit")
+    _add_health_port(p)
     timeouts.add_options(p)
     p.set_defaults(func=cmd_reaper)
 
     p = sub.add_parser("scheduler", help="run only the scheduler loop")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
+    _add_health_port(p)
     timeouts.add_options(p)
     p.set_defaults(func=cmd_scheduler)
 
@@ -58,11 +62,54 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_archive)
 
 
+def _add_health_port(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--health-port",
+        type=checked(int, lambda v, name: limits.whole(v, name, 0, 65535)),
+        metavar="PORT",
+        help="serve /healthz (the process answers) and /readyz (the last pass worked) on PORT",
+    )
+
+
+class Watched(Service):
+    """A service whose passes are recorded, for the probes of --health-port."""
+
+    def __init__(self, inner: Service) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.wake_channel = inner.wake_channel
+        self.last_pass_ok = False
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.inner.interval_seconds
+
+    def run_once(self, conn_or_dsn: db.ConnOrDsn, now: datetime | None = None) -> Result:
+        self.last_pass_ok = False
+        result = self.inner.run_once(conn_or_dsn, now)
+        self.last_pass_ok = True
+        return result
+
+    def next_wait(self, conn: db.Conn) -> float:
+        return self.inner.next_wait(conn)
+
+    def pages(self) -> dict[str, Page]:
+        def ready() -> tuple[int, bytes, str]:
+            if self.last_pass_ok:
+                return 200, b"ok\n", "text/plain"
+            return 503, b"the last pass failed or none ran yet\n", "text/plain"
+
+        return {"/healthz": lambda: (200, b"ok\n", "text/plain"), "/readyz": ready}
+
+
 def _run(service: Service, args: argparse.Namespace) -> int:
     once = args.once
     connection = timeouts.settings(args)
     dsn = database_url()
     stop = threading.Event()
+    if getattr(args, "health_port", None) is not None and not once:
+        service = Watched(service)
+        serve_pages("0.0.0.0", args.health_port, service.pages(), f"rota-{service.name}-health")
     if once:
         require_current(dsn)
     else:

@@ -101,7 +101,17 @@ def test_the_workerpool_targets_the_worker_deployment(render: Render) -> None:
     deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
     target = deployments[pool["spec"]["scaleTargetRef"]["name"]]
     assert "replicas" not in target["spec"], "the operator, not helm, owns the replicas"
-    assert pool["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    # Before its CRD is served (a first install): a post-install hook the next upgrade adopts.
+    notes = pool["metadata"]["annotations"]
+    assert notes["helm.sh/hook"] == "post-install"
+    assert (notes["meta.helm.sh/release-name"], notes["meta.helm.sh/release-namespace"]) == (
+        "rota",
+        "rota",
+    )
+    # Once served (every upgrade): an ordinary object of the release.
+    served = render(values=[ALL_OPTIONS], api_versions=["rota.dev/v1/WorkerPool"])
+    (pool,) = [o for o in served if o["kind"] == "WorkerPool"]
+    assert "annotations" not in pool["metadata"]
 
 
 def test_unknown_values_are_rejected(helm: Path) -> None:
@@ -192,21 +202,31 @@ def test_long_running_containers_have_probes_on_the_metrics_port(render: Render)
 
 
 def test_database_url_comes_from_the_secret(render: Render) -> None:
-    for values, secret in [([], "rota-database"), ([ALL_OPTIONS], "rota-all-database")]:
+    """Every component reads the runtime URL; the migrations the owner's, when set."""
+    for values, secret, owner in [
+        ([], "rota-database", "rota-database"),
+        ([ALL_OPTIONS], "rota-all-database", "rota-owner"),
+    ]:
         for obj in render(values=values):
             pod = _pod_spec(obj)
             for container in (pod or {}).get("containers", []):
+                if container["name"] == "chart-hooks":
+                    assert "env" not in container  # the console's key maker needs no database
+                    continue
                 (env,) = [e for e in container["env"] if e["name"] == "ROTA_DATABASE_URL"]
-                assert env["valueFrom"]["secretKeyRef"]["name"] == secret
+                wanted = owner if container["name"] == "migrate" else secret
+                assert env["valueFrom"]["secretKeyRef"]["name"] == wanted, container["name"]
 
 
 def test_migrations_run_before_install_and_upgrade(render: Render) -> None:
     objects = render(values=[ALL_OPTIONS])
-    (job,) = [o for o in objects if o["kind"] == "Job"]
+    (job,) = [o for o in objects if o["kind"] == "Job" and "migrate" in o["metadata"]["name"]]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["rota", "migrate"]
-    assert container["args"] == ["--key-index", "partial"]
+    assert container["args"] == ["--key-index", "partial", "--grant-worker", "rota_worker"]
+    url = next(e for e in container["env"] if e["name"] == "ROTA_DATABASE_URL")
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "rota-owner", "key": "owner-url"}
     (default_job,) = [o for o in render() if o["kind"] == "Job"]
     assert "args" not in default_job["spec"]["template"]["spec"]["containers"][0]
     (secret,) = [o for o in objects if o["kind"] == "Secret"]
@@ -233,18 +253,21 @@ def test_more_than_one_operator_needs_peering(helm: Path) -> None:
     assert done.returncode != 0 and "peering" in done.stderr
 
 
-def test_peering_objects_are_hooks_created_after_their_crds(render: Render) -> None:
+def test_peering_objects_are_ordinary_once_their_crds_are_served(render: Render) -> None:
     objects = render(values=[ALL_OPTIONS])
     peerings = [o for o in objects if o["kind"] == "KopfPeering"]
     assert {o["metadata"]["namespace"] for o in peerings} == {"team-a", "team-b"}
     for peering in peerings:
-        assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
-    (cluster,) = [
-        o
-        for o in render(sets=["operator.peering.enabled=true"])
-        if o["kind"] == "ClusterKopfPeering"
-    ]
-    assert cluster["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+        assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install"
+    served = ["kopf.dev/v1/ClusterKopfPeering", "kopf.dev/v1/KopfPeering"]
+    for sets, kind in (
+        (["operator.watchNamespaces={*}"], "ClusterKopfPeering"),
+        ([], "KopfPeering"),
+    ):
+        objects = render(sets=["operator.peering.enabled=true", *sets], api_versions=served)
+        (peering,) = [o for o in objects if o["kind"] == kind]
+        assert "annotations" not in peering["metadata"], peering
+        assert peering["metadata"]["name"] == "rota-operator"
 
 
 def test_every_operator_replica_draws_its_own_peering_priority(helm: Path, render: Render) -> None:

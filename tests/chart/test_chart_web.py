@@ -30,7 +30,7 @@ def test_the_console_is_off_by_default(render: Render) -> None:
 
 def test_enabled_renders_a_deployment_and_a_service_without_ingress(render: Render) -> None:
     found = _by_kind(render(sets=["web.enabled=true"]))
-    assert set(found) == {"Deployment", "Service", "SigningSecret"}
+    assert set(found) == {"Deployment", "Service", "ServiceAccount"}
     (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["rota", "web", "--host=0.0.0.0", "--port=8080"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -56,7 +56,9 @@ def test_a_token_value_is_kept_in_a_secret_of_the_chart(render: Render) -> None:
 
 def test_all_options_render_the_ingress_and_the_proxy_flags(render: Render) -> None:
     found = _by_kind(render(values=[ALL_OPTIONS]))
-    assert set(found) == {"Deployment", "Service", "Ingress"}
+    assert set(found) == {
+        "Deployment", "Service", "Ingress", "ServiceAccount", "PodDisruptionBudget"
+    }  # fmt: skip
     (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["command"][2:] == [
         "--host=0.0.0.0", "--port=8088", "--read-only", "--proxy-header=X-Forwarded-User",
@@ -73,11 +75,43 @@ def test_all_options_render_the_ingress_and_the_proxy_flags(render: Render) -> N
     assert backend == {"name": found["Service"]["metadata"]["name"], "port": {"name": "http"}}
 
 
-def test_every_replica_signs_with_one_key_from_a_secret_of_the_chart(render: Render) -> None:
-    found = _by_kind(render(sets=["web.enabled=true", "web.replicas=3"]))
-    signing = found["SigningSecret"]
-    (key,) = signing["data"]
-    assert len(base64.b64decode(signing["data"][key])) == 48
+def test_every_replica_signs_with_one_key_made_once_by_a_hook(render: Render) -> None:
+    """No `lookup`: the rendered objects are the same at every render (GitOps), and the
+    chart's hook Job makes the key's Secret once (tests/operator/test_chart_hooks.py)."""
+    first = render(sets=["web.enabled=true", "web.replicas=3"])
+    assert first == render(sets=["web.enabled=true", "web.replicas=3"])
+    found = _by_kind(first)
+    assert "SigningSecret" not in found and "Secret" not in found
+    hooks = _by_kind(first, "hooks")
+    job = hooks["Job"]
+    (maker,) = job["spec"]["template"]["spec"]["containers"]
+    assert maker["command"] == ["python", "-m", "rota_operator.chart_hooks"]
+    assert "--signing-key=rota-web-signing-key" in maker["args"]
+    assert "--copy-from=rota-web-secret" in maker["args"]  # the key of an earlier chart
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    (rule, create) = hooks["Role"]["rules"]
+    assert rule["resourceNames"] == ["rota-web-signing-key", "rota-web-secret"]
+    assert (rule["verbs"], create["verbs"]) == (["get"], ["create"])
     (container,) = found["Deployment"]["spec"]["template"]["spec"]["containers"]
     ref = _env(container, "ROTA_WEB_SECRET")["valueFrom"]["secretKeyRef"]
-    assert ref == {"name": signing["metadata"]["name"], "key": key}
+    assert ref == {"name": "rota-web-signing-key", "key": "secret"}
+
+
+def test_an_earlier_chart_s_hook_objects_are_handed_to_the_release(render: Render) -> None:
+    objects = render(sets=["worker.enabled=true", "operator.peering.enabled=true"])
+    hooks = _by_kind(objects, "hooks")
+    (container,) = hooks["Job"]["spec"]["template"]["spec"]["containers"]
+    assert [a for a in container["args"] if a.startswith("--adopt")] == [
+        "--adopt=rota.dev/v1/workerpools/rota/rota-worker",
+        "--adopt=kopf.dev/v1/kopfpeerings/rota/rota-operator",
+    ]
+    names = {r["resources"][0]: r["resourceNames"] for r in hooks["Role"]["rules"]}
+    assert names == {"workerpools": ["rota-worker"], "kopfpeerings": ["rota-operator"]}
+    assert not _by_kind(render(), "hooks")  # nothing to make, nothing to hand over
+
+
+def test_a_signing_key_value_is_kept_in_a_secret_of_the_chart(render: Render) -> None:
+    found = _by_kind(render(sets=["web.enabled=true", "web.secret.value=sealed-in-git"]))
+    signing = found["SigningSecret"]
+    assert base64.b64decode(signing["data"]["secret"]) == b"sealed-in-git"
+    assert not any(k.startswith("KeyMaker") for k in found)

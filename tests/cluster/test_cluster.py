@@ -680,11 +680,13 @@ def test_helm_upgrade_reruns_migrations_and_keeps_serving(
 
 
 def test_helm_uninstall_as_the_readme_says(kube: Kube, database: Database, release: Path) -> None:
-    # Both kinds carry the operator's finalizer: they go while it still runs.
+    # JobSchedules carry the operator's finalizer: they go while it still runs. The
+    # WorkerPool is the release's and has none: it goes with the release.
+    assert not kube.get("workerpool", WORKERS)["metadata"].get("finalizers")
     kube.kubectl("-n", NS, "delete", "jobschedules", "--all", "--timeout=60s")
-    kube.kubectl("-n", NS, "delete", "workerpool", WORKERS, "--timeout=60s")
     assert database.value("SELECT count(*) FROM rota.schedule WHERE job_type LIKE 'cluster.%'") == 0
     kube.helm("uninstall", RELEASE, "--namespace", NS, "--wait")
+    assert not kube.kubectl("-n", NS, "get", "workerpools", "-o", "name").strip()
     wait_until("every pod of the release gone", lambda: not kube.get("pods")["items"], 180)
     crds = kube.kubectl("get", "crd", "-o", "name")
     assert "jobschedules.rota.dev" in crds and "workerpools.rota.dev" in crds, "crds.keep"

@@ -33,7 +33,7 @@ def kube_api() -> Iterator[Api]:
     """A fresh emulator with Rota's CRDs installed."""
     server = EmulatorThread()
     try:
-        api = Api(server.url)
+        api = Api(server.url, server.emulator)
         api.apply_crds()
         yield api
     finally:

@@ -67,8 +67,10 @@ class EmulatorThread:
 class Api:
     """A few JSON calls to the emulator, the way kubectl would make them."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, emulator: Emulator | None = None) -> None:
         self.url = url
+        self.emulator = emulator
+        """The emulator itself, to add namespaces (None for another server)."""
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
         data = json.dumps(body).encode() if body is not None else None

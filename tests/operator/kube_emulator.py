@@ -47,8 +47,12 @@ BUILTIN: dict[str, kmock.ResourceInfo] = {
     "v1/namespaces": kmock.ResourceInfo(kind="Namespace", namespaced=False),
     "v1/events": kmock.ResourceInfo(kind="Event", namespaced=True),
     "v1/pods": kmock.ResourceInfo(kind="Pod", namespaced=True),
+    "v1/secrets": kmock.ResourceInfo(kind="Secret", namespaced=True),
     "apps/v1/deployments": kmock.ResourceInfo(
         kind="Deployment", namespaced=True, subresources={"status", "scale"}
+    ),
+    "autoscaling/v1/horizontalpodautoscalers": kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler", namespaced=True
     ),
     "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rota_operator.settings import Settings
 
 
@@ -33,3 +35,26 @@ def test_from_environment() -> None:
     assert (settings.metrics_port, settings.standalone) == (-1, True)
     assert (settings.peering_name, settings.peering_priority) == ("rota", 42)
     assert [settings.retry_delay(n) for n in (0, 1, 5, 6, 50)] == [1.0, 2.0, 32.0, 60.0, 60.0]
+
+
+def test_an_instance_scopes_the_finalizer_annotations_and_peering() -> None:
+    plain = Settings.from_environ({})
+    assert (plain.finalizer, plain.domain, plain.peering_name) == (
+        "rota.dev/finalizer",
+        "rota.dev",
+        "rota-operator",
+    )
+    blue = Settings.from_environ({"ROTA_INSTANCE": "blue"})
+    assert (blue.finalizer, blue.domain, blue.peering_name) == (
+        "blue.rota.dev/finalizer",
+        "blue.rota.dev",
+        "rota-operator-blue",
+    )
+    named = Settings.from_environ({"ROTA_INSTANCE": "blue", "ROTA_PEERING_NAME": "mine"})
+    assert named.peering_name == "mine"
+
+
+@pytest.mark.parametrize("bad", ["Blue", "-blue", "blue_1", "a" * 43, "blue.green"])
+def test_an_instance_must_fit_a_dns_label(bad: str) -> None:
+    with pytest.raises(ValueError, match="ROTA_INSTANCE"):
+        Settings.from_environ({"ROTA_INSTANCE": bad})

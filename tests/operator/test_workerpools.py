@@ -78,7 +78,7 @@ def test_grows_with_an_old_queue_and_shrinks_after_it_drains(
     add_ready_jobs(conn, 50, age_seconds=900, type_="other.type")  # not this pool's business
     kube_api.create(POOLS, worker_pool("mail", "mailers"))
 
-    wait_for(lambda: controller(kube_api, "mailers") == 5, what="5 replicas")
+    wait_for(lambda: controller(kube_api, "mailers") == 5, what="5 replicas (4, then 5)")
     pool = wait_for(lambda: _status(kube_api, "mail", "currentReplicas", 5), what="status")
     assert pool["status"]["desiredReplicas"] == 5
     assert pool["status"]["readyJobs"] == 20
@@ -86,7 +86,7 @@ def test_grows_with_an_old_queue_and_shrinks_after_it_drains(
     assert pool["status"]["lastScaleTime"]
     scaled = [e for e in kube_api.events(NS, "mail") if e["reason"] == "Scaled"]
     assert scaled[0]["type"] == "Normal"
-    assert scaled[0]["message"].startswith("ScaleFromZero: 0 -> 5 replicas; 20 ready jobs")
+    assert scaled[0]["message"].startswith("ScaleFromZero: 0 -> 4 replicas; 20 ready jobs")
     exposition = generate_latest(metrics.REGISTRY).decode()
     assert 'rota_workerpool_replicas{kind="desired",pool="default/mail"} 5.0' in exposition
 

@@ -62,7 +62,20 @@ def test_both_crds_are_namespaced_v1_with_status() -> None:
             "JobSchedule",
             ["Schedule", "TimeZone", "Suspend", "Next Run", "Last Slot", "Ready", "Age"],
         ),
-        ("WorkerPool", ["Target", "Min", "Max", "Desired", "Current", "Queue Age", "Age"]),
+        (
+            "WorkerPool",
+            [
+                "Target",
+                "Min",
+                "Max",
+                "Desired",
+                "Current",
+                "Queue Age",
+                "Decided By",
+                "Paused",
+                "Age",
+            ],
+        ),
     ],
 )
 def test_printer_columns(kind: str, columns: list[str]) -> None:
@@ -138,6 +151,8 @@ def test_minimal_objects_are_valid() -> None:
         (POOL, "spec.targetQueueAgeSeconds", 0),
         (POOL, "spec.scaleDownStabilizationSeconds", -5),
         (POOL, "spec.pollIntervalSeconds", 0),
+        (POOL, "spec.jobsPerReplica", 0),
+        (POOL, "spec.paused", "yes"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

@@ -28,7 +28,7 @@ def poll(
     [
         pytest.param(0, 0.0, 0, LIMITS, 0, "QueueEmpty", id="empty queue stays at zero"),
         pytest.param(0, 0.0, 1, LIMITS, 1, "ScaleFromZero", id="0 -> 1 at the first ready job"),
-        pytest.param(0, 300.0, 50, LIMITS, 5, "ScaleFromZero", id="from zero, a bounded step"),
+        pytest.param(0, 300.0, 50, LIMITS, 4, "ScaleFromZero", id="from zero, a bounded step"),
         pytest.param(2, 300.0, 80, LIMITS, 6, "QueueTooOld", id="burst: +4 at most from 2"),
         pytest.param(10, 45.0, 80, LIMITS, 15, "QueueTooOld", id="proportional to age/target"),
         pytest.param(10, 32.0, 80, LIMITS, 10, "QueueOnTarget", id="within the tolerance"),
@@ -85,9 +85,10 @@ def test_slow_drain_steps_down_to_the_highest_recent_recommendation() -> None:
     current = 8
     seen = []
     for now, age in [(0, 60.0), (30, 20.0), (60, 10.0), (90, 5.0), (120, 5.0)]:
-        decision = poll(current, age, 10, memory=memory, now=float(now))
+        decision = poll(current, age, 100, memory=memory, now=float(now))
         memory, current = decision.memory, decision.desired
         seen.append(current)
+    # 100 ready jobs: enough work that the cap of rule 2 does not bind.
     # t=0 grows (age/target = 2: 8 -> 16); t=30 holds (60 s not yet observed); from t=60 on,
     # each poll shrinks to the highest recommendation of the last 60 s: 11 (t=30), 6, 2.
     assert seen == [16, 16, 11, 6, 2]
@@ -195,3 +196,30 @@ def test_max_replicas_bounds_the_floor_too() -> None:
 def test_the_message_says_what_the_jobs_in_flight_need() -> None:
     decision = decide(LIMITS, 6, busy(10, 5, slots=4), ScaleMemory(), 1000.0)
     assert "10 running, 10 on 5 busy replicas of 4 slots: at least 5" in decision.message
+
+
+def test_growth_stops_at_what_the_jobs_can_use() -> None:
+    """Ten old jobs, four per replica: three replicas, however old the jobs get."""
+    limits = PoolLimits(0, 20, 30, 60, jobs_per_replica=4)
+    decision = decide(limits, 2, QueueSample(3000.0, 10), ScaleMemory(), 0.0)
+    assert (decision.desired, decision.reason) == (3, "CappedByJobs")
+    assert "at most 3 at 4 jobs per replica, +4 per decision" in decision.message
+
+
+def test_running_jobs_count_towards_the_cap() -> None:
+    limits = PoolLimits(0, 20, 30, 60, jobs_per_replica=2)
+    decision = decide(limits, 1, QueueSample(3000.0, 2, running_jobs=6), ScaleMemory(), 0.0)
+    assert decision.desired == 4  # ceil((2 + 6) / 2)
+
+
+def test_the_step_bounds_growth_from_zero_and_from_many() -> None:
+    assert decide(LIMITS, 0, QueueSample(9000.0, 500), ScaleMemory(), 0.0).desired == 4
+    big = PoolLimits(0, 100, 30, 60)
+    assert decide(big, 10, QueueSample(9000.0, 500), ScaleMemory(), 0.0).desired == 20
+
+
+def test_a_paused_pool_keeps_its_replicas_and_forgets_its_window() -> None:
+    grown = decide(LIMITS, 2, QueueSample(600.0, 50), ScaleMemory(), 0.0)
+    held = decide(LIMITS, 6, QueueSample(0.0, 0), grown.memory, 15.0, hold="Paused")
+    assert (held.desired, held.reason) == (6, "Paused")
+    assert held.memory == ScaleMemory(last_desired=6)

@@ -79,13 +79,99 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* The ROTA_DATABASE_URL environment variable, read from the database Secret. */}}
+{{/*
+The ROTA_DATABASE_URL environment variable, read from the database Secret, and
+libpq's TLS settings (database.tls): PGSSLMODE unless empty, PGSSLROOTCERT when a
+CA is mounted (see rota.volumes). libpq reads both whenever the URL does not say.
+*/}}
 {{- define "rota.databaseEnv" -}}
 - name: ROTA_DATABASE_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "rota.databaseSecretName" . }}
       key: {{ .Values.database.secretKey }}
+{{- include "rota.tlsEnv" . }}
+{{- end }}
+
+{{- define "rota.tlsEnv" -}}
+{{- $tls := .Values.database.tls }}
+{{- with $tls.sslmode }}
+- name: PGSSLMODE
+  value: {{ . | quote }}
+{{- end }}
+{{- if or $tls.caSecret $tls.caConfigMap }}
+- name: PGSSLROOTCERT
+  value: {{ printf "/etc/rota/database-ca/%s" $tls.caKey | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+A component's extra environment (extraEnv), after the chart's own variables:
+call with (dict "root" $ "values" .Values.worker).
+*/}}
+{{- define "rota.extraEnv" -}}
+{{- with .values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A container's mounts: /tmp, the database CA when set, then extraVolumeMounts. */}}
+{{- define "rota.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- $tls := .root.Values.database.tls }}
+{{- if or $tls.caSecret $tls.caConfigMap }}
+- name: database-ca
+  mountPath: /etc/rota/database-ca
+  readOnly: true
+{{- end }}
+{{- with .values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A pod's volumes: /tmp's emptyDir, the database CA when set, then extraVolumes. */}}
+{{- define "rota.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- $tls := .root.Values.database.tls }}
+{{- if $tls.caSecret }}
+- name: database-ca
+  secret:
+    secretName: {{ $tls.caSecret }}
+    items:
+      - key: {{ $tls.caKey }}
+        path: {{ $tls.caKey }}
+{{- else if $tls.caConfigMap }}
+- name: database-ca
+  configMap:
+    name: {{ $tls.caConfigMap }}
+    items:
+      - key: {{ $tls.caKey }}
+        path: {{ $tls.caKey }}
+{{- end }}
+{{- with .values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A pod template's metadata: selector labels, podLabels, podAnnotations. */}}
+{{- define "rota.podMetadata" -}}
+labels:
+  {{- include "rota.selectorLabels" (dict "root" .root "component" .component) | nindent 2 }}
+  {{- with .values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A component's ServiceAccount name: "<fullname>-<component>". */}}
+{{- define "rota.componentAccount" -}}
+{{- include "rota.componentName" (dict "root" .root "component" .component) }}
 {{- end }}
 
 {{/* The metrics settings of every process that serves Rota's measures (rota.metrics). */}}
@@ -98,9 +184,16 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.metrics.maxTypes | quote }}
 {{- end }}
 
-{{/* An image reference; call with (dict "root" $ "image" .Values.operator.image). */}}
+{{/*
+An image reference; call with (dict "root" $ "image" .Values.operator.image).
+A digest (sha256:...) pins the image: repository@digest, the tag then unused.
+*/}}
 {{- define "rota.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The pod-level fields every Rota pod shares. */}}
@@ -124,6 +217,10 @@ affinity:
 {{- end }}
 {{- with .values.tolerations }}
 tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.topologySpreadConstraints }}
+topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
@@ -163,5 +260,71 @@ when the CRDs are managed elsewhere, or set crds.kopfPeering to true or false.
 {{- if and (eq $release .root.Release.Name) (eq $namespace .root.Release.Namespace) }}true
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The namespaces the operator watches, comma-separated for ROTA_NAMESPACES:
+operator.watchNamespaces, or the release's own namespace when it is empty; ""
+(every namespace) when it is ["*"].
+*/}}
+{{- define "rota.watchedNamespaces" -}}
+{{- $list := .Values.operator.watchNamespaces | default (list .Release.Namespace) }}
+{{- if has "*" $list }}{{- else }}{{ join "," $list }}{{- end }}
+{{- end }}
+
+{{/* "true" when the operator watches every namespace (operator.watchNamespaces: ["*"]). */}}
+{{- define "rota.clusterWide" -}}
+{{- if has "*" (.Values.operator.watchNamespaces | default list) }}true{{- end }}
+{{- end }}
+
+{{/* The kopf peering object's name: operator.peering.name, else rota-operator[-<instance>]. */}}
+{{- define "rota.peeringName" -}}
+{{- if .Values.operator.peering.name }}
+{{- .Values.operator.peering.name }}
+{{- else if .Values.operator.instance }}
+{{- printf "rota-operator-%s" .Values.operator.instance }}
+{{- else }}rota-operator
+{{- end }}
+{{- end }}
+
+{{/*
+Labels and annotations of an object the operator handles and the release owns
+(the WorkerPool, the peering objects): the instance label when
+operator.instance is set.
+*/}}
+{{- define "rota.instanceLabel" -}}
+{{- with .Values.operator.instance }}
+rota.dev/instance: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+A custom object of the release whose kind may not be served yet when the chart
+is rendered: its CRD is created by the same release, and Helm refuses to build
+an object whose kind the cluster does not serve. Served (every upgrade, and an
+install into a cluster that has the CRD): an ordinary object of the release.
+Not served (the first install, or `helm template` without --api-versions): a
+post-install hook, created right after the CRD, that carries the release's
+ownership annotations, so that the next upgrade adopts it into the release.
+Call with (dict "root" $ "api" "rota.dev/v1/WorkerPool").
+*/}}
+{{- define "rota.lateObjectAnnotations" -}}
+{{- if not (.root.Capabilities.APIVersions.Has .api) }}
+helm.sh/hook: post-install
+helm.sh/hook-weight: "5"
+meta.helm.sh/release-name: {{ .root.Release.Name }}
+meta.helm.sh/release-namespace: {{ .root.Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret that holds the console's signing key (ROTA_WEB_SECRET). */}}
+{{- define "rota.signingSecretName" -}}
+{{- if .Values.web.secret.existingSecret }}
+{{- .Values.web.secret.existingSecret }}
+{{- else if .Values.web.secret.value }}
+{{- include "rota.componentName" (dict "root" . "component" "web-secret") }}
+{{- else }}
+{{- include "rota.componentName" (dict "root" . "component" "web-signing-key") }}
 {{- end }}
 {{- end }}
