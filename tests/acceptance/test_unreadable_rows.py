@@ -30,8 +30,7 @@ def _around_every_check(conn: psycopg.Connection[Any]) -> None:
     """This test database only: no CHECK on rota.job, no trigger fires (a migration
     script or a hand fix run as the owner, or a row older than a check)."""
     names = conn.execute(
-        "SELECT conname FROM pg_constraint"
-        " WHERE conrelid = 'rota.job'::regclass AND contype = 'c'"
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'rota.job'::regclass AND contype = 'c'"
     ).fetchall()
     for (name,) in (tuple(row.values()) for row in names):
         conn.execute(
