@@ -155,7 +155,7 @@ class Worker:
         self._stopping.set()
         self.slots.stopping = True
         self.claims.wake()
-        self.claims.end_idle_wait()
+        self.claims.statements.end_idle_wait()
 
     def run(self, install_signals: bool = True) -> None:
         coro = self.run_async(install_signals=install_signals)
