@@ -176,7 +176,7 @@ class Worker:
         links["claim"] = Link(
             self.dsn, "claim", io, self.deadlines, self.settings.poll_interval_seconds
         )
-        registry = Registry(self.info, links["registry"], self.settings.heartbeat_seconds)
+        registry = Registry(self.info, links["registry"], self.settings.registry_refresh_seconds)
         self.listener.start()
         server = self.probes.serve()
         services_stop = threading.Event()
