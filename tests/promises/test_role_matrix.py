@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 import rota
 from rota.cli import main
 from rota.status import read_status
-from rota.web import reads
+from rota.web import overview, reads
 from rota.web.filters import JobFilter
 
 _counter = itertools.count()
@@ -209,7 +209,7 @@ def test_the_read_role_serves_status_and_the_console_s_pages(
     job_id = rota.enqueue(conn, "t", {"n": 1})
     with roles.connect("read") as role:
         assert read_status(role).types["t"].ready == 1
-        reads.overview(role)
+        overview.read(role)
         page = reads.job_page(role, JobFilter(), None, 50)
         assert [row["id"] for row in page.rows] == [job_id]
         assert reads.job_detail(role, job_id).job.id == job_id
