@@ -75,7 +75,7 @@ RETURNING id
 
 -- name: unique_active_holder
 SELECT id FROM rota.job
-WHERE unique_key = %(key)s AND unique_active AND status IN ('ready', 'running')
+WHERE unique_key = %(key)s AND unique_active AND status IN ('ready', 'running', 'waiting')
 
 -- name: enqueue_unique_for
 -- One job whose key is unique for a window after the first job with it. The

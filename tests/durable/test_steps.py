@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import pytest
+
 import rota
 from rota.jobs import Job
 from rota.settings import BackoffSettings
@@ -13,6 +15,12 @@ from tests.worker.test_parts import _running
 
 FAST = BackoffSettings(base_seconds=0.01, cap_seconds=0.01)
 ran: collections.Counter[str] = collections.Counter()
+"""Effects of this module's steps, by job and step (each test starts from none)."""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts() -> None:
+    ran.clear()
 
 
 def three_steps(job: Job, ctx: rota.Context) -> Any:
