@@ -21,6 +21,7 @@ frees the slot. This module never decides an attempt's outcome itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import time
@@ -60,6 +61,32 @@ def wake_due(conn_or_dsn: ConnOrDsn, now: datetime | None = None, limit: int = 1
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("wake_due"), {"now": now, "limit": limit})
     return [row["id"] for row in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trail:
+    """What a durable job did so far: for `rota jobs show` and the console's job page."""
+
+    steps: list[dict[str, Any]]
+    """name, attempt, started_at, finished_at, result_bytes, result (the first 200 characters)."""
+    waits: list[dict[str, Any]]
+    """name, kind, event_key, children (how many), until, started_at, ended_at, ended_by."""
+    children: list[dict[str, Any]]
+    """name, id, status, type (status and type None once the child is gone)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.waits or self.children)
+
+
+def trail(conn_or_dsn: ConnOrDsn, job_id: int) -> Trail:
+    """The steps, waits and children of a job (empty lists for a job that has none)."""
+    params = {"job": job_id}
+    with connection(conn_or_dsn) as conn:
+        return Trail(
+            steps=fetch_all(conn, sql.query("job_steps"), params),
+            waits=fetch_all(conn, sql.query("job_waits"), params),
+            children=fetch_all(conn, sql.query("job_children"), params),
+        )
 
 
 class Run:
