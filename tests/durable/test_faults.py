@@ -70,7 +70,8 @@ def _check(conn: Any, job_id: int, kills: list[str]) -> None:
     done = row(conn, job_id)
     assert (done["status"], done["result"]) == ("done", "finished")
     effects = conn.execute(
-        "SELECT step, count(*) AS n FROM fault_effect WHERE job_id = %s GROUP BY step ORDER BY step",
+        "SELECT step, count(*) AS n FROM fault_effect WHERE job_id = %s"
+        " GROUP BY step ORDER BY step",
         (job_id,),
     ).fetchall()
     assert [(e["step"], e["n"]) for e in effects] == [(i, 1) for i in range(STEPS)], kills
