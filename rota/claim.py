@@ -1,4 +1,6 @@
-"""Claiming jobs, holding their leases, and recording how they ended.
+"""The SQL gateway of claims, leases and outcomes: the statements, their
+parameters and their round trips (rows become jobs in `rota.decoding`; the
+types they share live in `rota.attempt`; a claim's start in `rota.floor`).
 
 The lease is the whole safety story: a worker holds a job while the row is
 running, locked_by the worker, at the attempt it claimed. Heartbeats extend the
@@ -9,12 +11,10 @@ whose lease was taken away (reaped, then claimed by another) changes nothing.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import operator
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, LiteralString, cast
 
 from psycopg import Cursor, pq
@@ -22,142 +22,12 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row, tuple_row
 
 from rota import sql
+from rota.attempt import Attempt, Key, Lease
 from rota.db import Conn, errors_wrapped, fetch_all
-from rota.decoding import claim_cursor
-from rota.jobs import Job, Outcome, Status, StopSignal
+from rota.decoding import _STATUS, claim_cursor, jobs_of
+from rota.jobs import Job, Outcome, Status
 
-
-@dataclasses.dataclass(slots=True)
-class Attempt:
-    """How one attempt of a job ended, as its worker saw it: what to write.
-
-    Never changed once built (`dataclasses.replace` makes another), yet not
-    frozen: a frozen dataclass sets each field through object.__setattr__, and
-    one Attempt is built per job (2.3 us against 0.6 here)."""
-
-    job_id: int
-    attempts: int
-    """The attempt number the worker claimed (the lease is tied to it)."""
-    outcome: Outcome
-    """DONE, RETRY, FAILED, RELEASED or CANCELLED: what the handler run decided."""
-    delay: float = 0.0
-    """Seconds before a retried or released job may run again."""
-    error: str | None = None
-    type: str = ""
-    """The job's type, for logs and metrics (not written)."""
-    duration_seconds: float = 0.0
-    """How long the handler ran (not written)."""
-    owner: object = dataclasses.field(default=None, compare=False, repr=False)
-    """The worker's own record of the attempt this outcome ends (not written). The
-    worker tells attempts apart by this record, never by (job id, attempt): a job
-    given back and claimed again in the same statement has the same key twice."""
-    result: str | None = None
-    """The handler's return value as JSON text (None when it returned None)."""
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """(job id, attempt): one attempt of one job, never confused with another."""
-        return (self.job_id, self.attempts)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Lease:
-    """A lease the heartbeat extended."""
-
-    job_id: int
-    attempts: int
-    cancel_requested: bool
-    """Somebody asked to cancel the job: its handler should stop."""
-
-
-PRIORITIES = 10
-"""Priorities 0 (first) to 9, as DESIGN fixes them."""
-
-
-class Floor:
-    """Where a worker's claims start their walk of the claim index, per priority.
-
-    The claim walks `job_claim_idx` in (priority, run_at, id) order. Every job
-    claimed leaves an index entry behind its ready version; once no snapshot can
-    see that version, the first scan to meet it marks it dead and the next ones
-    skip it. A transaction held open anywhere in the database (a report, a
-    `pg_dump`, a session left idle in transaction) keeps every such version
-    visible, and each claim walks all the entries of the jobs claimed since it
-    began: a claim of 0.7 ms took 58 ms after three minutes of 1,000 jobs/s.
-
-    So each claim starts where the worker's last one ended at that priority,
-    less `MARGIN` for an enqueue that committed after jobs queued behind it
-    were claimed. A job can still become ready behind that point: a paused
-    type resumed, a claim rolled back, a run_at given in the past, a job
-    skipped while another transaction held its row. `probe` finds the first
-    ready job of each priority (the heartbeat thread runs it every
-    `PROBE_SECONDS`) and moves the start back to it, so such a job waits at
-    most that long behind a busy queue; with the queue idle it waits for the
-    next claim, as before.
-
-    The claims of the two lanes and the probe of the heartbeat thread share
-    one Floor: a claim raises a priority's start only if it was sent after the
-    probe last lowered it (else it may have walked past the job found).
-    """
-
-    MARGIN = timedelta(seconds=0.1)
-    PROBE_SECONDS = 1.0
-
-    def __init__(self, types: Sequence[str] | None = None) -> None:
-        self.types = None if types is None else tuple(types)
-        self._since: list[datetime | None] = [None] * PRIORITIES
-        self._lowered: list[int] = [0] * PRIORITIES
-        self._generation = 0
-        self._limited: frozenset[str] = frozenset()
-        self._lock = threading.Lock()
-
-    def bounds(self) -> tuple[list[datetime | None], int]:
-        """Each priority's start, and the generation a claim sent with it carries."""
-        with self._lock:
-            return list(self._since), self._generation
-
-    def claimed(self, jobs: Sequence[Job], generation: int) -> None:
-        """A claim sent at `generation` took `jobs`, in the order they start (as `claim`
-        returns them): their priorities start behind the last of them from now on.
-        Jobs of limited types are picked apart from the walk (rota.pick_limited)
-        and move nothing."""
-        with self._lock:
-            limited = self._limited
-            # In start order, the last job of a priority has its latest run_at.
-            last = {job.priority: job.run_at for job in jobs if job.type not in limited}
-            for p, run_at in last.items():
-                if generation < self._lowered[p]:
-                    continue
-                start = run_at - self.MARGIN
-                since = self._since[p]
-                if since is None or start > since:
-                    self._since[p] = start
-
-    def probe(self, conn: Conn, now: datetime | None = None) -> list[int]:
-        """Move back each priority's start to its first ready job; the priorities moved."""
-        with self._lock:
-            if all(since is None for since in self._since):
-                return []  # every claim walks from the first: nothing to move
-        with errors_wrapped(), conn.cursor(row_factory=tuple_row) as cur:
-            limited = frozenset(row[0] for row in cur.execute(sql.query("limited_types")))
-            cur.execute(_floor_statement(self.types), {"types": None, "now": now})
-            firsts = cur.fetchall()
-        moved = []
-        with self._lock:
-            self._limited = limited
-            for priority, run_at in firsts:
-                since = self._since[priority]
-                if run_at is not None and since is not None and run_at < since:
-                    self._generation += 1
-                    self._lowered[priority] = self._generation
-                    self._since[priority] = run_at
-                    moved.append(priority)
-        return moved
-
-
-@functools.lru_cache(maxsize=64)
-def _floor_statement(types: tuple[str, ...] | None) -> LiteralString:
-    return _with_types(sql.query("claim_floor"), types)
+__all__ = ["Attempt", "Key", "Lease", "claim", "complete", "extend_leases", "write_and_claim"]
 
 
 def claim(
@@ -172,14 +42,14 @@ def claim(
     """Claim up to `limit` ready jobs (of `types`, or any) for `worker_id`.
 
     `since`, one run_at per priority (None: from the first), is where each
-    priority's walk starts (see Floor).
+    priority's walk starts (see rota.floor.Floor).
     """
     if limit < 1:
         return []
     params = _claim_params(worker_id, limit, lease_seconds, now, since)
     query = _claim_query(types)
     with errors_wrapped(), _keyed(conn, query, params, tuple_row, binary=True, claim=True) as cur:
-        return _jobs(cur)
+        return jobs_of(cur)
 
 
 def _keyed(
@@ -263,10 +133,10 @@ def _claim_statement(types: tuple[str, ...] | None) -> LiteralString:
     every ready job of other types to reach the worker's own: 30,000 rows per
     claim behind a backlog of 30,000 (tests/integration/test_plans.py).
     """
-    return _with_types(sql.query("claim_jobs"), types)
+    return with_types(sql.query("claim_jobs"), types)
 
 
-def _with_types(text: LiteralString, types: tuple[str, ...] | None) -> LiteralString:
+def with_types(text: LiteralString, types: tuple[str, ...] | None) -> LiteralString:
     if types is None:
         return text
     # A literal in a statement that also binds values: a % in a type is doubled.
@@ -296,61 +166,6 @@ def _times(since: Sequence[datetime | None] | None) -> str | None:
     if since is None or all(t is None for t in since):
         return None
     return "{" + ",".join("NULL" if t is None else f'"{t.isoformat()}"' for t in since) + "}"
-
-
-_JOB_FIELDS = [f.name for f in dataclasses.fields(Job) if f.init and f.name != "cancelled"]
-_STATUS = {status.value: status for status in Status}
-
-
-def _job_builder() -> Callable[[tuple[Any, ...]], Job]:
-    """`Job(*row)` for a row of every column in field order, for a third of the cost.
-
-    Job is frozen: its __init__ sets each field through a call of
-    object.__setattr__ (5.4 us a job here). The function made here puts each
-    value straight into its slot, one statement a field, the way dataclasses
-    writes an __init__: 2.7 us (a loop over the slots took 4). The fields and
-    their values are the same (tests/integration/test_leases.py compares a
-    claimed job with its row); a row of another length raises ValueError.
-    """
-    values = [f"v{i}" for i in range(len(_JOB_FIELDS))]
-    lines = ["def job(row):", "    made = new(Job)", f"    {', '.join(values)}, = row"]
-    for name, value in zip(_JOB_FIELDS, values, strict=True):
-        lines.append(
-            f"    set_{name}(made, {'STATUS[' + value + ']' if name == 'status' else value})"
-        )
-    lines += ["    set_cancelled(made, StopSignal())", "    return made"]
-    scope: dict[str, Any] = {"new": object.__new__, "Job": Job, "STATUS": _STATUS}
-    scope["StopSignal"] = StopSignal
-    scope.update({f"set_{f.name}": getattr(Job, f.name).__set__ for f in dataclasses.fields(Job)})
-    exec("\n".join(lines), scope)
-    built: Callable[[tuple[Any, ...]], Job] = scope["job"]
-    return built
-
-
-_job = _job_builder()
-
-
-def _jobs(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
-    """Claimed rows as jobs, in the order they should start.
-
-    The claim returns a Job's columns in its field order, so each job is
-    built positionally; any other shape is built by name.
-    """
-    # The hot statements return their rows in binary: the server sends each value
-    # as stored instead of formatting it as text (timestamps above all), and
-    # psycopg reads it without parsing.
-    rows = cur.fetchall()  # first: in pipeline mode the description comes with the rows
-    names = [column.name for column in cur.description or ()]
-    if names == _JOB_FIELDS:
-        jobs = [_job(row) for row in rows]
-    else:
-        jobs = [Job.from_row(dict(zip(names, row, strict=True))) for row in rows]
-    jobs.sort(key=_start_order)
-    return jobs
-
-
-def _start_order(job: Job) -> tuple[int, datetime, int]:
-    return (job.priority, job.run_at, job.id)
 
 
 def write_and_claim(
@@ -387,7 +202,7 @@ def write_and_claim(
     with errors_wrapped():
         rows = written.fetchall() if written is not None else []
         statuses = {(job_id, n): _STATUS[status] for job_id, n, status in rows}
-        jobs = _jobs(claimed)
+        jobs = jobs_of(claimed)
     return statuses, jobs
 
 

@@ -230,6 +230,7 @@ RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requeste
 --   done      -> done
 --   failed    -> failed (permanent error)
 --   retry     -> ready again after delay, or dead at max_attempts
+--   dead      -> dead at once (a row the worker cannot read)
 --   released  -> ready again after delay, the attempt not counted (shutdown, outage)
 --   cancelled -> cancelled
 -- A job somebody asked to cancel never runs again: a retry or a release of it
@@ -260,7 +261,7 @@ WITH written AS (
         result = coalesce(f.result, j.result),
         locked_until = NULL,
         finished_at = CASE
-            WHEN f.outcome IN ('done', 'failed', 'cancelled')
+            WHEN f.outcome IN ('done', 'failed', 'cancelled', 'dead')
               OR (f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NOT NULL)
               OR (f.outcome = 'retry' AND j.attempts >= j.max_attempts)
                 THEN coalesce(%(now)s::timestamptz, now())

@@ -140,7 +140,7 @@ def test_the_options_reach_the_connections_of_a_worker(
     seen: dict[str, Any] = {}
 
     def run(self: Worker, install_signals: bool = True) -> None:
-        # The connections the worker's loops open (rota_worker.link, .heartbeat).
+        # The connections the worker's loops open (rota_worker.link, .leases).
         for name, lock_timeout in (("claim", False), ("heartbeat", True)):
             conn = self.deadlines.connect(
                 self.dsn, f"rota-worker-{name}", lock_timeout=lock_timeout
@@ -148,7 +148,7 @@ def test_the_options_reach_the_connections_of_a_worker(
             with contextlib.closing(conn):
                 seen[name] = observed(conn)
         seen["answer"] = self.deadlines.answer_seconds
-        seen["loop_stall"] = self.heartbeat.loop_stall_seconds
+        seen["loop_stall"] = self.stalls.stall_seconds
 
     monkeypatch.setattr(Worker, "run", run)
     args = [*OPTIONS, "--lock-timeout", "0.25", "--loop-stall", "0.5"]

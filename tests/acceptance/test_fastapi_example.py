@@ -13,7 +13,7 @@ import pytest
 
 import rota
 from tests.acceptance.procs import wait_for
-from tests.worker.test_parts import _running
+from tests.worker.helpers import _running
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient

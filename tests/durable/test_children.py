@@ -9,8 +9,7 @@ import pytest
 
 import rota
 from rota.jobs import Job
-from tests.durable.helpers import handlers, row, until_status
-from tests.worker.test_parts import _running
+from tests.durable.helpers import handlers, row, running, until_status
 
 ran: collections.Counter[str] = collections.Counter()
 """Effects of this module's steps, by job and step (each test starts from none)."""
@@ -62,7 +61,7 @@ HANDLERS = handlers(
 
 def test_children_fan_in_to_their_parent(conn, db_url) -> None:
     parent = rota.enqueue(conn, "fan.out", {"children": 3})
-    with _running(db_url, HANDLERS, concurrency=2):
+    with running(db_url, HANDLERS, concurrency=2):
         done = until_status(conn, parent, "done")
     assert done["result"] == 2 * (0 + 1 + 2)
     children = conn.execute(
@@ -80,7 +79,7 @@ def test_children_fan_in_to_their_parent(conn, db_url) -> None:
 
 def test_a_thousand_children_fan_in_exactly_once(conn, db_url) -> None:
     parent = rota.enqueue(conn, "fan.out", {"children": 1000})
-    with _running(db_url, HANDLERS, concurrency=8):
+    with running(db_url, HANDLERS, concurrency=8):
         done = until_status(conn, parent, "done")
     assert done["result"] == 2 * sum(range(1000))
     assert ran[f"{parent}:sum"] == 1
@@ -94,7 +93,7 @@ def test_a_thousand_children_fan_in_exactly_once(conn, db_url) -> None:
 
 def test_a_dead_child_raises_child_failed_in_its_parent(conn, db_url) -> None:
     parent = rota.enqueue(conn, "compensates")
-    with _running(db_url, HANDLERS, concurrency=2):
+    with running(db_url, HANDLERS, concurrency=2):
         done = until_status(conn, parent, "done")
     broken = conn.execute(
         "SELECT child_id FROM rota.job_child WHERE parent_id = %s AND name = 'broken'", (parent,)
@@ -104,7 +103,7 @@ def test_a_dead_child_raises_child_failed_in_its_parent(conn, db_url) -> None:
 
 def test_cancelling_a_parent_cancels_its_children(conn, db_url) -> None:
     parent = rota.enqueue(conn, "waits.on.late.children")
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, parent, "waiting")
     children = [
         r["id"] for r in conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (parent,))

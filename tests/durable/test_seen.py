@@ -10,8 +10,7 @@ import rota
 from rota.cli import main
 from rota.jobs import Job
 from rota.status import queue_age, read_status
-from tests.durable.helpers import handlers, later, until_status
-from tests.worker.test_parts import _running
+from tests.durable.helpers import handlers, later, running, until_status
 
 
 def ships(job: Job, ctx: rota.Context) -> Any:
@@ -25,7 +24,7 @@ HANDLERS = handlers(ships=ships)
 
 def test_jobs_show_lists_steps_waits_and_children(conn, db_url, monkeypatch, capsys) -> None:
     job_id = rota.enqueue(conn, "ships")
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, job_id, "waiting")
     monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
     assert main(["jobs", "show", str(job_id)]) == 0
@@ -53,7 +52,7 @@ def test_jobs_show_lists_steps_waits_and_children(conn, db_url, monkeypatch, cap
 
 def test_waiting_jobs_count_apart_in_status_and_scaling(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "ships")
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, job_id, "waiting")
     status = read_status(conn)
     assert status.types["ships"].waiting == 1
@@ -67,7 +66,7 @@ def test_waiting_jobs_count_apart_in_status_and_scaling(conn, db_url) -> None:
 
 def test_a_waiting_job_holds_its_unique_active_key(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "ships", key="order-9", unique_active=True)
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, job_id, "waiting")
     assert rota.enqueue(conn, "ships", key="order-9", unique_active=True) == job_id
     rota.cancel(conn, [job_id])

@@ -10,8 +10,7 @@ import pytest
 import rota
 from rota.jobs import Job
 from rota.settings import BackoffSettings
-from tests.durable.helpers import handlers, until_status
-from tests.worker.test_parts import _running
+from tests.durable.helpers import handlers, running, until_status
 
 FAST = BackoffSettings(base_seconds=0.01, cap_seconds=0.01)
 ran: collections.Counter[str] = collections.Counter()
@@ -77,7 +76,7 @@ HANDLERS = handlers(
 
 def test_a_retried_job_answers_completed_steps_from_storage(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "three.steps", max_attempts=3)
-    with _running(db_url, HANDLERS, concurrency=1, backoff=FAST):
+    with running(db_url, HANDLERS, concurrency=1, backoff=FAST):
         row = until_status(conn, job_id, "done")
     assert row["result"] == ["A", "B", "C"]
     assert row["attempts"] == 2
@@ -90,7 +89,7 @@ def test_a_retried_job_answers_completed_steps_from_storage(conn, db_url) -> Non
 
 def test_a_step_name_used_twice_in_one_run_fails_the_job(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "twice")
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         row = until_status(conn, job_id, "failed")
     assert "'same' used twice in one run" in row["last_error"]
 
@@ -98,7 +97,7 @@ def test_a_step_name_used_twice_in_one_run_fails_the_job(conn, db_url) -> None:
 def test_what_a_step_writes_through_its_connection_commits_with_it(conn, db_url) -> None:
     conn.execute("CREATE TABLE effect (job_id bigint)")
     job_id = rota.enqueue(conn, "writes.through.the.step")
-    with _running(db_url, HANDLERS, concurrency=1, backoff=FAST):
+    with running(db_url, HANDLERS, concurrency=1, backoff=FAST):
         until_status(conn, job_id, "done")
     written = [r["job_id"] for r in conn.execute("SELECT job_id FROM effect").fetchall()]
     assert written == [job_id]  # once, and the failed step's write rolled back
@@ -106,7 +105,7 @@ def test_what_a_step_writes_through_its_connection_commits_with_it(conn, db_url)
 
 def test_async_handlers_await_their_steps(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "async.steps")
-    with _running(db_url, HANDLERS, concurrency=1, backoff=FAST):
+    with running(db_url, HANDLERS, concurrency=1, backoff=FAST):
         row = until_status(conn, job_id, "done")
     assert row["result"] == 42
     assert ran[f"{job_id}:double"] == 1

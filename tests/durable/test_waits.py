@@ -13,8 +13,7 @@ from rota.durable import wake_due
 from rota.jobs import Job
 from rota.reaper import Reaper
 from tests.acceptance.procs import wait_for
-from tests.durable.helpers import handlers, later, row, until_status
-from tests.worker.test_parts import _running
+from tests.durable.helpers import handlers, later, row, running, until_status
 
 ran: collections.Counter[str] = collections.Counter()
 """Effects of this module's steps, by job and step (each test starts from none)."""
@@ -53,7 +52,7 @@ HANDLERS = handlers(naps=naps, quick=quick, waits=waits, async_waits=async_waits
 
 def test_an_hour_of_sleep_frees_the_slot_at_once_and_resumes_after(conn, db_url) -> None:
     sleeper = rota.enqueue(conn, "naps")
-    with _running(db_url, HANDLERS, concurrency=1) as worker:
+    with running(db_url, HANDLERS, concurrency=1) as worker:
         asleep = until_status(conn, sleeper, "waiting")
         # The only slot is free: a job enqueued now runs while the first one sleeps.
         other = rota.enqueue(conn, "quick")
@@ -74,7 +73,7 @@ def test_an_hour_of_sleep_frees_the_slot_at_once_and_resumes_after(conn, db_url)
 def test_an_emit_wakes_the_jobs_waiting_on_its_key(conn, db_url) -> None:
     first = rota.enqueue(conn, "waits", {"key": "order-1:shipped", "timeout": 600})
     second = rota.enqueue(conn, "waits", {"key": "order-1:shipped"})
-    with _running(db_url, HANDLERS, concurrency=2):
+    with running(db_url, HANDLERS, concurrency=2):
         until_status(conn, first, "waiting")
         until_status(conn, second, "waiting")
         assert rota.emit(conn, "order-1:shipped", {"parcel": 7}) == 2
@@ -86,7 +85,7 @@ def test_an_emit_before_the_wait_is_kept_and_the_first_emit_wins(conn, db_url) -
     assert rota.emit(conn, "early", "first") == 0
     assert conn.execute("SELECT rota.emit('early', '\"second\"') AS n").fetchone()["n"] == 0
     job_id = rota.enqueue(conn, "waits", {"key": "early"})
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         done = until_status(conn, job_id, "done")
     assert done["result"] == {"got": "first"}
     assert done["attempts"] == 1  # it never waited
@@ -94,7 +93,7 @@ def test_an_emit_before_the_wait_is_kept_and_the_first_emit_wins(conn, db_url) -
 
 def test_a_wait_past_its_timeout_raises_timed_out(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "waits", {"key": "never", "timeout": 30})
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, job_id, "waiting")
         assert wake_due(db_url, now=later(conn, 29)) == []
         assert wake_due(db_url, now=later(conn, 31)) == [job_id]
@@ -105,7 +104,7 @@ def test_a_wait_past_its_timeout_raises_timed_out(conn, db_url) -> None:
 
 def test_sql_emit_wakes_an_async_handler_after_its_sleep(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "async.waits", {"key": "from-sql"})
-    with _running(db_url, HANDLERS, concurrency=1):
+    with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, job_id, "waiting")
         wake_due(db_url, now=later(conn, 61))
         wait = "SELECT 1 FROM rota.job_wait WHERE job_id = %s AND name = 'event:from-sql'"

@@ -1,4 +1,4 @@
-"""Where a worker's claims start (rota.claim.Floor), and what a held snapshot costs.
+"""Where a worker's claims start (rota.floor.Floor), and what a held snapshot costs.
 
 A transaction held open elsewhere keeps the ready version of every job claimed
 since it began, and their entries in the claim index with them: a claim that
@@ -21,7 +21,7 @@ from psycopg.rows import tuple_row
 import rota
 from rota import claim as claims
 from rota import sql
-from rota.claim import Floor
+from rota.floor import Floor
 
 WORKER = "floor-worker"
 

@@ -21,7 +21,7 @@ from rota.errors import InvalidInput
 from rota.jobs import Job, Outcome
 from rota.reaper import Reaper
 from tests.acceptance.procs import wait_for
-from tests.worker.test_parts import _async_handlers, _noop, _running, row
+from tests.worker.helpers import _async_handlers, _noop, _running, row
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -308,7 +308,7 @@ def test_the_steady_claim_runs_its_generic_plan_within_its_own_transaction(backl
 
 
 _SINCE = "'{\"2000-01-01T00:00:00+00:00\",NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL}'"
-"""A start for priority 0 (rota.claim.Floor), as a worker's claim sends it."""
+"""A start for priority 0 (rota.floor.Floor), as a worker's claim sends it."""
 
 
 def test_a_workers_generic_claim_from_its_start_walks_the_claim_index(backlog: str) -> None:

@@ -27,7 +27,7 @@ from rota.scheduler import Scheduler, SchedulerSettings
 from rota.services import Service, run_loop
 from rota.settings import ConnectionSettings
 from tests.acceptance.procs import wait_for
-from tests.worker.test_heartbeats import _proxy
+from tests.worker.helpers import _proxy
 
 ANSWER = 1.0
 """The answer deadline of these tests, in seconds."""

@@ -19,7 +19,8 @@ import pytest
 
 import rota
 from rota import claim as claims
-from rota.claim import Attempt, Floor
+from rota.claim import Attempt
+from rota.floor import Floor
 from rota.jobs import Outcome
 
 

@@ -10,15 +10,15 @@ from datetime import UTC, datetime
 
 import rota
 from rota import claim as claims
-from rota.claim import Attempt
+from rota.attempt import Attempt
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome, Status
 from rota.lookup import get_job
-from rota_worker.claiming import AHEAD_FAST_SECONDS, AHEAD_MAX_WAIT_SECONDS, ClaimLoop
-from rota_worker.execute import Execution, Stop
-from rota_worker.leases import LeaseKeeper
+from rota_worker.attempts import Attempts, Event, Execution
+from rota_worker.claiming import ClaimLoop
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.settings import WorkerSettings
+from rota_worker.slots import AHEAD_FAST_SECONDS, AHEAD_MAX_WAIT_SECONDS, Slots
 from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
 
@@ -31,40 +31,42 @@ def job(job_id: int) -> Job:
 
 
 class Parts:
-    """A claim loop with its keeper and buffer; `begin` records instead of running."""
+    """A claim loop with its attempts, slots and buffer; a start records the job
+    instead of running it."""
 
     def __init__(self, claim_ahead: bool = True) -> None:
         self.settings = WorkerSettings(concurrency=C, claim_ahead=claim_ahead)
-        self.keeper = LeaseKeeper("w", 30)
-        self.buffer = OutcomeBuffer("w", 100, settled=self.settled)
+        self.attempts = Attempts(C, 30)
+        self.buffer = OutcomeBuffer("w", 100, self.attempts)
         self.stopping = asyncio.Event()
         self.begun: list[int] = []
+        self.slots = Slots(
+            self.settings, self.attempts, self.buffer, {}, None,  # type: ignore[arg-type]
+            None, lambda: None,  # type: ignore[arg-type]
+        )  # fmt: skip
+        self.slots._begin = lambda record: self.begun.append(record.job.id)  # type: ignore[method-assign]
         self.loop = ClaimLoop(
-            self.settings, ["t"], self.keeper, self.buffer, self.hold, self.begin, self.stopping
+            self.settings, ["t"], self.attempts, self.buffer, self.slots, self.stopping
         )
 
-    def settled(self, attempt: Attempt) -> None:
-        if isinstance(attempt.owner, Execution):
-            self.keeper.drop(attempt.owner)
-
-    def hold(self, j: Job) -> Execution:
-        execution = Execution(j)
-        self.keeper.hold(execution)
-        return execution
-
-    def begin(self, execution: Execution) -> None:
-        self.begun.append(execution.job.id)
-
     def claimed(self, *ids: int) -> list[Execution]:
-        executions = [self.hold(job(i)) for i in ids]
-        self.loop.waiting.extend(executions)
-        self.loop.start_waiting()
-        return executions
+        self.slots.hold([job(i) for i in ids])
+        records = [r for r in self.attempts.snapshot() if r.job.id in ids]
+        self.slots.start_waiting()
+        return records
 
     def end(self, job_id: int, seconds: float = 0.001) -> None:
-        attempt = Attempt(job_id, 1, Outcome.DONE, type="t", duration_seconds=seconds)
-        self.buffer.add(attempt)
-        self.loop.attempt_ended(attempt)
+        (record,) = [r for r in self.attempts.running if r.job.id == job_id]
+        record.outcome = Attempt(job_id, 1, Outcome.DONE, type="t", duration_seconds=seconds)
+        self.attempts.dispatch(record, Event.FINISHED)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.slots.stopping = True
+
+    @property
+    def pending(self) -> list[Attempt]:
+        return [r.outcome for r in self.buffer.pending if r.outcome is not None]
 
 
 def test_fast_attempts_open_a_batch_ahead_and_the_concurrency_still_holds() -> None:
@@ -76,10 +78,10 @@ def test_fast_attempts_open_a_batch_ahead_and_the_concurrency_still_holds() -> N
         parts.end(i)
     assert parts.loop.claiming_ahead
     parts.claimed(4, 5, 6, 7, 8, 9)  # a batch ahead: three start, three wait
-    assert parts.begun[3:] == [4, 5, 6] and len(parts.loop.waiting) == 3
-    assert parts.loop.active == C
+    assert parts.begun[3:] == [4, 5, 6] and len(parts.attempts.waiting_for_a_slot) == 3
+    assert parts.attempts.slots_taken == C
     parts.end(4)
-    assert parts.begun[6:] == [7] and parts.loop.active == C  # the freed slot, at once
+    assert parts.begun[6:] == [7] and parts.attempts.slots_taken == C  # the freed slot, at once
 
 
 def test_one_slow_attempt_stops_claiming_ahead() -> None:
@@ -104,9 +106,9 @@ def test_without_claiming_ahead_only_free_slots_are_claimed() -> None:
 def test_a_job_that_waited_too_long_for_a_slot_is_given_back_uncounted() -> None:
     parts = Parts()
     waiting = parts.claimed(1, 2, 3, 4)[3]
-    assert parts.loop.give_back_stale(waiting.held_at + AHEAD_MAX_WAIT_SECONDS / 2) == 0
-    assert parts.loop.give_back_stale(waiting.held_at + AHEAD_MAX_WAIT_SECONDS) == 1
-    [given_back] = parts.buffer.pending
+    assert parts.slots.give_back_stale(waiting.held_at + AHEAD_MAX_WAIT_SECONDS / 2) == 0
+    assert parts.slots.give_back_stale(waiting.held_at + AHEAD_MAX_WAIT_SECONDS) == 1
+    [given_back] = parts.pending
     assert (given_back.job_id, given_back.outcome) == (4, Outcome.RELEASED)
     assert given_back.error is None and given_back.delay == 0  # no error recorded, ready at once
     assert parts.begun == [1, 2, 3]
@@ -115,23 +117,23 @@ def test_a_job_that_waited_too_long_for_a_slot_is_given_back_uncounted() -> None
 def test_a_waiting_job_cancelled_or_lost_never_starts() -> None:
     parts = Parts()
     executions = parts.claimed(1, 2, 3, 4, 5)
-    executions[3].stop(Stop.CANCEL)
-    executions[4].stop(Stop.LEASE_LOST)
+    executions[3].stop(Event.CANCEL)
+    executions[4].stop(Event.LEASE_LOST)
     assert executions[3].job.cancelled.is_set()
     parts.end(1)
     parts.end(2)
     assert parts.begun == [1, 2, 3]
-    outcomes = {a.job_id: a.outcome for a in parts.buffer.pending}
+    outcomes = {a.job_id: a.outcome for a in parts.pending}
     assert outcomes[4] == Outcome.CANCELLED and outcomes[5] == Outcome.LEASE_LOST
 
 
 def test_at_shutdown_waiting_jobs_are_given_back_not_started() -> None:
     parts = Parts()
     parts.claimed(1, 2, 3, 4)
-    parts.stopping.set()
+    parts.stop()
     parts.end(1)
     assert parts.begun == [1, 2, 3]
-    released = [a for a in parts.buffer.pending if a.job_id == 4]
+    released = [a for a in parts.pending if a.job_id == 4]
     assert [a.outcome for a in released] == [Outcome.RELEASED]
 
 
@@ -179,8 +181,8 @@ def test_a_slot_freed_late_never_starts_a_job_that_waited_too_long() -> None:
     waiting = parts.claimed(1, 2, 3, 4)[3]
     waiting.held_at -= AHEAD_MAX_WAIT_SECONDS
     parts.end(1)
-    assert parts.begun == [1, 2, 3] and parts.loop.active == C - 1
-    assert [(a.job_id, a.outcome) for a in parts.buffer.pending][-1] == (4, Outcome.RELEASED)
+    assert parts.begun == [1, 2, 3] and parts.attempts.slots_taken == C - 1
+    assert [(a.job_id, a.outcome) for a in parts.pending][-1] == (4, Outcome.RELEASED)
 
 
 class GatedLink:
@@ -217,7 +219,7 @@ def test_while_claiming_ahead_two_claims_of_a_batch_each_are_in_flight_at_once()
                 break
             await asyncio.sleep(0)
         seen = list(calls)
-        parts.stopping.set()
+        parts.stop()
         parts.loop.end_idle_wait()
         parts.loop.wake()
         gate.set()

@@ -28,13 +28,13 @@ from rota.schedule_store import ScheduleSpec
 from rota.schedule_store import upsert as upsert_schedule
 from rota.scheduler import Scheduler
 from rota.settings import BackoffSettings
-from rota_worker.claiming import AHEAD_MAX_WAIT_SECONDS
 from rota_worker.execute import outcome_of_error
 from rota_worker.link import Link
 from rota_worker.settings import WorkerSettings
+from rota_worker.slots import AHEAD_MAX_WAIT_SECONDS
 from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
-from tests.worker.test_parts import _async_handlers, _noop, _running, row
+from tests.worker.helpers import _async_handlers, _noop, _running, row
 
 
 def test_a_job_given_back_and_claimed_again_in_one_statement_stays_held(conn, db_url) -> None:
@@ -47,31 +47,35 @@ def test_a_job_given_back_and_claimed_again_in_one_statement_stays_held(conn, db
         WorkerSettings(concurrency=1, run_reaper=False, run_scheduler=False, lease_seconds=600),
         handlers=_async_handlers(t=_noop),
     )
-    loop, keeper, buffer = worker.claims, worker.leases, worker.outcomes
+    slots, attempts, buffer = worker.slots, worker.attempts, worker.outcomes
     io = ThreadPoolExecutor(1)
 
     async def scenario() -> None:
         link = Link(db_url, "claim", io)
+        worker.leases.loop = asyncio.get_running_loop()
         try:
             (job,) = await link.run(claims.claim, worker.worker_id, 1, 600, ["t"])
-            old = worker._hold(job)
-            loop.waiting.append(old)
-            assert loop.give_back_stale(old.held_at + AHEAD_MAX_WAIT_SECONDS) == 1
+            slots.hold([job])
+            (old,) = attempts.snapshot()
+            assert slots.give_back_stale(old.held_at + AHEAD_MAX_WAIT_SECONDS) == 1
             batch = buffer.take()
             written, again = await link.run(
                 claims.write_and_claim, worker.worker_id, buffer.to_write(batch), 1, 600, ["t"]
             )
             assert [(j.id, j.attempts) for j in again] == [(job.id, job.attempts)]
-            new = worker._hold(again[0])
+            slots.hold(again)
+            new = attempts.snapshot()[-1]
             await buffer.settle(link, batch, written)
-            held = keeper.held
+            held = attempts.snapshot()
             assert any(e is new for e in held) and not any(e is old for e in held)
             before = row(conn, job.id)["locked_until"]
-            await keeper.beat(link)
-            assert row(conn, job.id)["locked_until"] > before  # its heartbeat goes on
+            await asyncio.get_running_loop().run_in_executor(None, worker.leases.step)
+            await asyncio.sleep(0)
+            assert row(conn, job.id)["locked_until"] > before  # its lease renewal goes on
             assert new.stopped is None
         finally:
             link.close()
+            worker.leases.close()
 
     try:
         asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""A busy worker's claims start behind the jobs it claimed last (rota.claim.Floor);
+"""A busy worker's claims start behind the jobs it claimed last (rota.floor.Floor);
 a job that becomes ready behind that point still runs, found by the heartbeat
 thread's probe, with the worker idle and its poll far away."""
 
@@ -12,7 +12,7 @@ import psycopg
 import rota
 from rota.jobs import Job
 from tests.acceptance.procs import wait_for
-from tests.worker.test_parts import _async_handlers, _running, row
+from tests.worker.helpers import _async_handlers, _running, row
 
 
 def test_a_job_ready_behind_where_the_claims_start_runs(
@@ -30,8 +30,8 @@ def test_a_job_ready_behind_where_the_claims_start_runs(
         wait_for(
             lambda: worker.claims.floor.bounds()[0][0] is not None, 20, "the claims to start late"
         )
-        probes = worker.heartbeat.probes
-        wait_for(lambda: worker.heartbeat.probes > probes, 20, "a probe after that")
+        probes = worker.probe.rounds
+        wait_for(lambda: worker.probe.rounds > probes, 20, "a probe after that")
         # An hour behind where the worker's claims now start (a job moved by
         # hand, a catch-up slot, a claim rolled back elsewhere).
         behind = rota.enqueue(conn, "note", run_at=row(conn, first)["run_at"] - timedelta(hours=1))

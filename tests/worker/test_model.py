@@ -1,19 +1,25 @@
 """A model of one worker against a real PostgreSQL: hypothesis drives the worker's
-real parts (the claim loop's claim step, the outcome buffer, the lease keeper,
-the attempts' handlers as tasks) through interleavings chosen step by step, and
-checks after every step what the worker promises.
+real parts (the claim loop's claim step, the slots, the outcome buffer, the
+production lease renewal stepped without its thread, the attempts' handlers as
+tasks) through interleavings chosen step by step, and checks after every step
+what the worker promises. Every event of `rota_worker.attempts` is driven:
+started, finished, timeout, cancel, lease lost, shutdown, no slot, unreadable,
+written, given back, lost.
 
 Injected: fast and slow attempts, jobs claimed ahead and given back (and claimed
 again in the statement that gave them back), claims whose answer is lost or that
 never reach the database, leases stolen by a reaper and another worker, cancel
-requests, timeouts, heartbeats that fail, outcome writes that fail, handlers
-raising errors, CancelledError or a BaseException.
+requests, timeouts, renewals that fail, outcome writes that fail, handlers
+raising errors, CancelledError or a BaseException, rows the worker cannot read.
 
 Invariants after every step:
-- an attempt whose handler runs is held (its record, by identity), and unless its
-  lease was stolen, the database says it is running under this worker at that
-  attempt; a heartbeat renews it; after a heartbeat, no handler with a stolen
-  lease runs;
+- an attempt whose handler runs is held (its record, by identity) and takes a
+  slot, and unless its lease was stolen, the database says it is running under
+  this worker at that attempt; a renewal renews it; after a renewal, no handler
+  with a stolen lease runs;
+- the slots taken are the records whose handler has not ended, never more than
+  the concurrency;
+- a row the worker cannot read never starts, and ends dead, "unreadable row";
 - no two attempts of one job run at once holding a lease;
 - nothing is written for an attempt not held: a row another worker holds is
   never touched, every settled outcome was held until settled;
@@ -48,15 +54,16 @@ from psycopg.rows import dict_row
 
 import rota
 from rota import claim as claims
-from rota.claim import Attempt
+from rota import db
+from rota.attempt import Attempt
 from rota.errors import DatabaseUnavailable
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome
-from rota_worker.attempts import HELD, State
-from rota_worker.claiming import AHEAD_MAX_WAIT_SECONDS, Lane, Recovery
-from rota_worker.execute import Execution, Stop
+from rota_worker.attempts import HELD, SLOTTED, Event, Execution, State
+from rota_worker.claiming import Lane, Recovery
 from rota_worker.link import Link
 from rota_worker.settings import WorkerSettings
+from rota_worker.slots import AHEAD_MAX_WAIT_SECONDS
 from rota_worker.worker import Worker
 
 EXAMPLES = int(os.environ.get("ROTA_MODEL_EXAMPLES", "8"))
@@ -122,24 +129,36 @@ class WorkerModel(RuleBasedStateMachine):
         self.claims._lead = Lane(self.link, lead=True)
         self.claims._lanes = [self.claims._lead]
         self.claims._wait_after = self._no_wait  # type: ignore[method-assign]
-        self.claims.clock = lambda: self.now
-        real_hold, real_settled = self.worker._hold, self.worker.outcomes._settled
+        self.worker.slots.clock = lambda: self.now
+        attempts = self.worker.attempts
+        real_claimed, real_settled = attempts.claimed, attempts.settled
 
-        def hold(job: Job) -> Execution:
-            execution = real_hold(job)
-            execution.held_at = self.now
-            self.records.append(execution)
-            return execution
+        def claimed(job: Job, timeout: float | None, now: float) -> Execution:
+            record = real_claimed(job, timeout, now)
+            self.records.append(record)
+            return record
 
-        def settled(attempt: Attempt) -> None:
-            owner = attempt.owner
-            if isinstance(owner, Execution):  # settled while held, never after
-                assert any(e is owner for e in self.worker.leases.held), owner.key
-                assert owner.state not in HELD
-            real_settled(attempt)
+        def settled(record: Execution) -> None:
+            assert record.state not in HELD and record not in attempts
+            self.settled.append(record)
+            real_settled(record)
 
-        self.claims._hold = hold
-        self.worker.outcomes._settled = settled
+        attempts.claimed = claimed  # type: ignore[method-assign]
+        attempts.settled = settled
+        self.settled: list[Execution] = []
+        self.unreadable: set[int] = set()
+        self.renewal_fails = False
+        self.renewal = self.worker.leases
+        self.renewal.loop = self.loop
+        real_connect = self.renewal._connect
+        assert real_connect is not None
+
+        def connect() -> db.Conn:
+            if self.renewal_fails:
+                raise DatabaseUnavailable("database unavailable: injected under the renewal")
+            return real_connect()
+
+        self.renewal._connect = connect
 
     async def _no_wait(self, *_: Any) -> None:
         return None
@@ -190,7 +209,7 @@ class WorkerModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         for execution in self._live():
-            execution.stop(Stop.SHUTDOWN)
+            execution.stop(Event.SHUTDOWN)
         self._turn()
         pending = asyncio.all_tasks(self.loop)
         for task in pending:
@@ -201,6 +220,7 @@ class WorkerModel(RuleBasedStateMachine):
 
         self.loop.run_until_complete(drain())
         self.link.close()
+        self.renewal.close()
         self.loop.close()
         self.conn.close()
 
@@ -213,7 +233,7 @@ class WorkerModel(RuleBasedStateMachine):
     def enqueue_a_full_batch_ahead(self) -> None:
         """As many jobs as a claim ahead takes: its lane's next claim carries outcomes
         (a job given back meanwhile can come back in that very statement)."""
-        self.claims._fast_in_a_row = CONCURRENCY
+        self.worker.slots.fast_in_a_row = CONCURRENCY
         n = self.claims.free_slots()
         if n > 0:
             rota.enqueue_many(self.conn, [rota.NewJob("m") for _ in range(n)])
@@ -222,7 +242,7 @@ class WorkerModel(RuleBasedStateMachine):
     @rule(mode=st.sampled_from(["ok", "ok", "answer lost", "not sent"]), ahead=st.booleans())
     def claim(self, mode: str, ahead: bool) -> None:
         """One claim step of the claim loop (claiming ahead: after fast attempts)."""
-        self.claims._fast_in_a_row = CONCURRENCY if ahead else 0
+        self.worker.slots.fast_in_a_row = CONCURRENCY if ahead else 0
         free = self.claims.free_slots()
         if free <= 0:
             return
@@ -244,7 +264,7 @@ class WorkerModel(RuleBasedStateMachine):
         """Jobs claimed ahead waited past AHEAD_MAX_WAIT_SECONDS: given back, by the
         buffer or (`then_claim`) by the lane's next claim, which may take them again."""
         self.now += AHEAD_MAX_WAIT_SECONDS
-        self.claims.give_back_stale()
+        self.worker.slots.give_back_stale()
         self._turn()
         if then_claim and self.claims.recovery is Recovery.NONE:
             self.claim("ok", ahead=True)
@@ -260,8 +280,8 @@ class WorkerModel(RuleBasedStateMachine):
         self._turn()
 
     @precondition(lambda self: bool(self._live()))
-    @rule(data=st.data(), why=st.sampled_from([Stop.TIMEOUT, Stop.SHUTDOWN]))
-    def stopped(self, data: st.DataObject, why: Stop) -> None:
+    @rule(data=st.data(), why=st.sampled_from([Event.TIMEOUT, Event.SHUTDOWN]))
+    def stopped(self, data: st.DataObject, why: Event) -> None:
         data.draw(st.sampled_from(self._live())).stop(why)
         self._turn()
 
@@ -294,20 +314,35 @@ class WorkerModel(RuleBasedStateMachine):
         attempt = self.thief.pop(job_id)
         claims.write_outcomes(self.conn, THIEF, [Attempt(job_id, attempt, Outcome.DONE)])
 
-    @precondition(lambda self: bool(self.worker.leases.held))
+    @precondition(lambda self: bool(self.worker.attempts.snapshot()))
     @rule(data=st.data())
     def cancel_requested(self, data: st.DataObject) -> None:
-        execution = data.draw(st.sampled_from(self.worker.leases.held))
+        execution = data.draw(st.sampled_from(self.worker.attempts.snapshot()))
         rota.cancel(self.conn, [execution.job.id])
+
+    @rule()
+    def enqueue_an_unreadable_row(self) -> None:
+        """A payload nested deeper than Python's recursion limit, written around any
+        check (a plain UPDATE): claimed beside ordinary jobs, it must cost them nothing."""
+        job_id = rota.enqueue(self.conn, "m")
+        self.conn.execute(
+            "UPDATE rota.job SET payload = (repeat('[', 5000) || repeat(']', 5000))::jsonb"
+            " WHERE id = %s",
+            (job_id,),
+        )
+        self.unreadable.add(job_id)
 
     @rule(fails=st.booleans())
     def heartbeat(self, fails: bool) -> None:
+        """One round of the production lease renewal (its thread's `step`)."""
         before = {e.key for e in self._live() if e.key not in self.stolen and e.stopped is None}
-        self.link.next_call = "not sent" if fails else "ok"
-        self._turn(self.worker.leases.beat(self.link))
+        self.renewal_fails = fails
+        if fails:
+            self.renewal.close()
+        self.renewal.step()
+        self._turn()
         if fails:
             return
-        self._turn()
         renewed = self.conn.execute(
             "SELECT id, attempts FROM rota.job WHERE locked_until > now() + interval '500 s'"
             " AND locked_by = %s",
@@ -326,7 +361,7 @@ class WorkerModel(RuleBasedStateMachine):
     # -- invariants --------------------------------------------------------------
     @invariant()
     def a_running_handler_is_held_and_leased(self) -> None:
-        held = self.worker.leases.held
+        held = self.worker.attempts.snapshot()
         rows = {
             r["id"]: r
             for r in self.conn.execute(
@@ -335,7 +370,7 @@ class WorkerModel(RuleBasedStateMachine):
         }
         for execution in self._live():
             assert any(e is execution for e in held), f"{execution.key} runs unheld"
-            assert execution.state is State.RUNNING
+            assert execution.state in SLOTTED
             if execution.key in self.stolen:
                 continue
             row = rows[execution.job.id]
@@ -353,9 +388,29 @@ class WorkerModel(RuleBasedStateMachine):
 
     @invariant()
     def records_are_in_their_states(self) -> None:
-        held = {id(e) for e in self.worker.leases.held}
+        held = {id(e) for e in self.worker.attempts.snapshot()}
         for execution in self.records:
             assert (execution.state in HELD) == (id(execution) in held), execution
+
+    @invariant()
+    def the_slots_taken_are_the_handlers_not_ended(self) -> None:
+        attempts = self.worker.attempts
+        slotted = [e for e in self.records if e.state in SLOTTED]
+        assert attempts.slots_taken == len(slotted) <= CONCURRENCY
+        assert {id(e) for e in self._live()} <= {id(e) for e in slotted}
+
+    @invariant()
+    def an_unreadable_row_never_starts_and_ends_dead(self) -> None:
+        for execution in self.records:
+            if execution.job.id in self.unreadable:
+                assert execution.task is None, execution.key
+        for execution in self.settled:
+            if execution.job.id in self.unreadable and execution.state is State.WRITTEN:
+                row = self.conn.execute(
+                    "SELECT status, last_error FROM rota.job WHERE id = %s", (execution.job.id,)
+                ).fetchone()
+                assert row["status"] == "dead", row
+                assert row["last_error"].startswith("unreadable row: "), row
 
     @invariant()
     def nothing_written_for_an_attempt_not_held(self) -> None:

@@ -22,7 +22,7 @@ import rota
 from rota.claim import Attempt
 from rota.handlers import Handler
 from rota.jobs import Job
-from rota_worker.execute import Execution
+from rota_worker.attempts import Execution
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
 

@@ -18,7 +18,7 @@ from rota.jobs import Job, Outcome, Status
 from rota.reaper import Reaper
 from tests.acceptance.procs import rota as rota_cli
 from tests.acceptance.procs import wait_for
-from tests.worker.test_parts import _running
+from tests.worker.helpers import _running
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

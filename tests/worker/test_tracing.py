@@ -16,7 +16,7 @@ import rota
 from rota.handlers import Handler
 from rota.jobs import Job
 from tests.acceptance.procs import wait_for
-from tests.worker.test_parts import _running
+from tests.worker.helpers import _running
 
 pytest.importorskip("opentelemetry.sdk")
 httpx = pytest.importorskip("httpx")

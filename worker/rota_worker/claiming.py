@@ -20,33 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from rota import claim as claims
-from rota.claim import Attempt
+from rota.attempt import Attempt, Key
 from rota.db import Conn
 from rota.errors import DatabaseError, DatabaseUnavailable
+from rota.floor import Floor
 from rota.jobs import Job, Outcome, Status
-from rota_worker.attempts import State
-from rota_worker.execute import Execution, Stop, stopped_outcome
-from rota_worker.leases import Key, LeaseKeeper
+from rota_worker.attempts import Attempts, Execution
 from rota_worker.link import Backoff, Link, first
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.settings import WorkerSettings
+from rota_worker.slots import AHEAD_MAX_WAIT_SECONDS, Slots
 
 log = logging.getLogger("rota.worker")
-
-AHEAD_FAST_SECONDS = 0.05
-"""Attempts shorter than this count as fast: worth claiming ahead for."""
-
-AHEAD_MAX_WAIT_SECONDS = 1.0
-"""A job claimed ahead that could not start within this long is given back."""
 
 STOP_GIVE_BACK_SECONDS = 5.0
 """How long a stopping worker tries to give back the jobs of a lost claim."""
@@ -109,29 +101,20 @@ class ClaimLoop:
         self,
         settings: WorkerSettings,
         types: Sequence[str],
-        leases: LeaseKeeper,
+        attempts: Attempts,
         outcomes: OutcomeBuffer,
-        hold: Callable[[Job], Execution],
-        begin: Callable[[Execution], None],
+        slots: Slots,
         stopping: asyncio.Event,
     ) -> None:
         self.settings = settings
         self.types = list(types)
-        self.floor = claims.Floor(self.types)
-        """Where each priority's claim starts (the heartbeat thread probes it)."""
-        self.leases = leases
+        self.floor = Floor(self.types)
+        """Where each priority's claim starts (the floor probe lowers it)."""
+        self.attempts = attempts
         self.outcomes = outcomes
-        self._hold = hold
-        self._begin = begin
+        self.slots = slots
         self._stopping = stopping
-        self.waiting: deque[Execution] = deque()
-        """Claimed, held, not started yet (no slot was free), oldest first."""
-        self.active = 0
-        """Attempts started whose handler has not ended."""
-        self._fast_in_a_row = 0
         self._parked: asyncio.Future[None] | None = None
-        self._starting = False
-        """Inside start_waiting (an attempt that ends as it starts calls it again)."""
         self.jobs_notified = threading.Event()
         """Set by the listener thread when a job that can run now was enqueued (and
         when the worker stops): an idle claim waits for it."""
@@ -144,15 +127,13 @@ class ClaimLoop:
         """Whether the jobs of a claim whose answer was lost are still to give back."""
         self._lead = Lane(None, lead=True)
         self._lanes: list[Lane] = []
-        self.clock: Callable[[], float] = time.monotonic
-        """The clock of the waits of jobs claimed ahead (a test sets its own)."""
         self.last_tick = time.monotonic()
         """When the loop last turned (for /healthz)."""
 
     @property
     def claiming_ahead(self) -> bool:
         s = self.settings
-        return s.claim_ahead and self._fast_in_a_row >= s.concurrency
+        return s.claim_ahead and self.slots.fast_in_a_row >= s.concurrency
 
     def free_slots(self) -> int:
         """Jobs the next claim may take: one per slot not running or spoken for (and
@@ -164,29 +145,15 @@ class ClaimLoop:
         c = self.settings.concurrency
         ahead = c if self.claiming_ahead else 0
         asked = self._asked
-        taken = self.active + len(self.waiting) + asked
-        return min(c + ahead - taken, self._cap() - len(self.leases) - asked, c)
+        attempts = self.attempts
+        taken = attempts.slots_taken + len(attempts.waiting_for_a_slot) + asked
+        return min(c + ahead - taken, self._cap() - len(attempts) - asked, c)
 
     def _cap(self) -> int:
         """Most attempts held at once: twice the concurrency; while claiming ahead,
         a batch more waiting and a batch more of outcomes to carry."""
         c = self.settings.concurrency
         return 2 * c + (2 * c if self.claiming_ahead else 0)
-
-    # -- starting and ending attempts ---------------------------------------------
-    def attempt_ended(self, attempt: Attempt) -> None:
-        """An attempt's handler is done: its slot goes to the next waiting job.
-
-        The loop is woken first, so that it runs (and sends its next claim) before
-        the attempts started here do: the database then works on the claim while
-        this process runs them."""
-        self.active -= 1
-        if attempt.duration_seconds < AHEAD_FAST_SECONDS:
-            self._fast_in_a_row += 1
-        else:
-            self._fast_in_a_row = 0
-        self.wake()
-        self.start_waiting()
 
     def wake(self) -> None:
         """Resume the loop if it waits for a slot (an attempt ended, an outcome was
@@ -215,54 +182,6 @@ class ClaimLoop:
         self._claims_closed = True
         self.jobs_notified.set()
 
-    def start_waiting(self) -> None:
-        """Start waiting jobs while slots are free (at shutdown: give them back)."""
-        if self._starting:
-            # An attempt started eagerly ended inside `_begin` (its handler never
-            # waited): the call that started it goes on with the next, instead of
-            # one nested call per job.
-            return
-        self._starting = True
-        try:
-            # One that waited too long is given back, never started: its lease may be
-            # gone (this process was stopped, say) and the job run elsewhere.
-            self.give_back_stale()
-            limit = self.settings.concurrency
-            while self.waiting and (self.active < limit or self._stopping.is_set()):
-                execution = self.waiting.popleft()
-                if self._stopping.is_set():
-                    execution.stop(Stop.SHUTDOWN)
-                if execution.stopped is not None:
-                    self._never_started(execution)
-                    continue
-                self.active += 1
-                execution.move(State.RUNNING)
-                self._begin(execution)
-        finally:
-            self._starting = False
-
-    def give_back_stale(self, now: float | None = None) -> int:
-        """Give back the jobs claimed ahead that have waited too long for a slot
-        (the oldest wait first)."""
-        now = self.clock() if now is None else now
-        stale = 0
-        while self.waiting and now - self.waiting[0].held_at >= AHEAD_MAX_WAIT_SECONDS:
-            self._never_started(self.waiting.popleft())
-            stale += 1
-        if stale:
-            self._fast_in_a_row = 0
-            log.info("%d jobs claimed ahead found no free slot in time; given back", stale)
-        return stale
-
-    def _never_started(self, execution: Execution) -> None:
-        job = execution.job
-        if execution.stopped is None:
-            attempt = Attempt(job.id, job.attempts, Outcome.RELEASED)
-        else:
-            attempt = stopped_outcome(execution, self.settings.backoff)
-        execution.move(State.ENDED)
-        self.outcomes.add(dataclasses.replace(attempt, type=job.type, owner=execution))
-
     # -- the loop ---------------------------------------------------------------
     async def run(self, link: Link, ahead: Link | None = None) -> None:
         """Claim until the worker stops: on `link`, and while claiming ahead also on
@@ -282,7 +201,7 @@ class ClaimLoop:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.outcomes.carry(False)
-            self.start_waiting()
+            self.slots.start_waiting()
         if self.recovery is not Recovery.NONE:
             await self._give_back_lost_claim_at_stop(link)
 
@@ -294,7 +213,7 @@ class ClaimLoop:
     async def _claim_and_carry(self, lane: Lane) -> None:
         while not self._stopping.is_set():
             self.last_tick = time.monotonic()
-            self.give_back_stale()
+            self.slots.give_back_stale()
             if not await self._ready_to_claim(lane):
                 continue
             free = self.free_slots()
@@ -334,7 +253,7 @@ class ClaimLoop:
         held, are written by the buffer meanwhile, unless a claim is in flight: its
         lane carries them when it is back."""
         self.outcomes.carry(self._asked > 0 or (not self.outcomes.pending and self._under_cap()))
-        await self._park(AHEAD_MAX_WAIT_SECONDS if self.waiting else None)
+        await self._park(AHEAD_MAX_WAIT_SECONDS if self.attempts.waiting_for_a_slot else None)
 
     async def _claim(self, lane: Lane, free: int) -> None:
         """One claim of up to `free` jobs on `lane`, carrying a batch of outcomes unless
@@ -363,7 +282,7 @@ class ClaimLoop:
         await self._after_answer(lane, free, batch, written, jobs)
 
     async def _send_claim(
-        self, lane: Lane, free: int, batch: list[Attempt]
+        self, lane: Lane, free: int, batch: list[Execution]
     ) -> tuple[dict[Key, Status], list[Job]]:
         if lane.waits_for_notify:
             return await lane.link.run(self._claim_when_notified, free)
@@ -392,7 +311,7 @@ class ClaimLoop:
             lane.state = LaneState.CLAIMING  # the next claim goes at once, notified or not
         await self._wait_after(exc, lane.backoff)
 
-    async def _after_refusal(self, lane: Lane, batch: list[Attempt], exc: DatabaseError) -> None:
+    async def _after_refusal(self, lane: Lane, batch: list[Execution], exc: DatabaseError) -> None:
         self.outcomes.carry(False)
         if batch:
             # Perhaps one outcome the database cannot take: the buffer writes
@@ -410,16 +329,15 @@ class ClaimLoop:
         self,
         lane: Lane,
         free: int,
-        batch: list[Attempt],
+        batch: list[Execution],
         written: dict[Key, Status],
         jobs: list[Job],
     ) -> None:
         """Hold and start what came back, settle the outcomes it carried."""
         self.ready = True
         lane.backoff.reset()
-        for job in jobs:
-            self.waiting.append(self._hold(job))
-        self.start_waiting()
+        self.slots.hold(jobs)
+        self.slots.start_waiting()
         if batch:
             with contextlib.suppress(DatabaseUnavailable):
                 await self.outcomes.settle(lane.link, batch, written)
@@ -478,7 +396,7 @@ class ClaimLoop:
             lost = [
                 Attempt(job_id, attempts, Outcome.RELEASED)
                 for job_id, attempts in running
-                if not self.leases.holds((job_id, attempts))
+                if not self.attempts.holds((job_id, attempts))
             ]
             if lost:
                 written = await link.run(claims.write_outcomes, self.settings.worker_id, lost)
@@ -513,4 +431,4 @@ class ClaimLoop:
         )
 
     def _under_cap(self) -> bool:
-        return len(self.leases) < self._cap()
+        return len(self.attempts) < self._cap()

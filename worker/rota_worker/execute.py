@@ -6,32 +6,32 @@ exceptions are retries (dead at max_attempts, decided by the database);
 went away under the handler) give the job back without counting the attempt,
 waiting longer each time, until `MAX_RELEASES` in a row count as an attempt.
 
-An attempt can be stopped from outside (`Execution.stop`): at its timeout, on a
-cancel request, when its lease was lost, or at shutdown. An async handler is
-cancelled and sees `asyncio.CancelledError`; a sync handler sees `job.cancelled`
-set and is no longer waited for: its outcome is decided at once and its slot
-freed, whether or not its thread or child process has returned yet.
+An attempt can be stopped from outside (a stop event of `rota_worker.attempts`):
+at its timeout, on a cancel request, when its lease was lost, or at shutdown.
+An async handler is cancelled and sees `asyncio.CancelledError`; a sync handler
+sees `job.cancelled` set. The attempt ends when its handler really has: a
+thread that ignores the stop keeps its slot (and is reported) until it returns,
+a child process is killed first (see `rota_worker.threads`, `.processes`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rota import db, limits, tracing
-from rota.claim import Attempt
+from rota.attempt import Attempt
+from rota.decoding import Unreadable
 from rota.errors import Cancelled, Permanent, Retry, Suspended
 from rota.handlers import Context, Handler, acall
 from rota.jobs import Job, Outcome
 from rota.retry import backoff_seconds, describe_error
 from rota.settings import BackoffSettings
-from rota_worker import attempts
-from rota_worker.attempts import State
+from rota_worker.attempts import Event, Execution
 
 log = logging.getLogger("rota.worker")
 
@@ -57,67 +57,6 @@ class Decided(Exception):
     def __init__(self, attempt: Attempt) -> None:
         super().__init__(attempt.outcome)
         self.attempt = attempt
-
-
-class Stop(enum.StrEnum):
-    """Why an attempt was stopped before its handler returned."""
-
-    TIMEOUT = "timeout"
-    CANCEL = "cancel"
-    LEASE_LOST = "lease_lost"
-    SHUTDOWN = "shutdown"
-
-
-@dataclasses.dataclass(eq=False)
-class Execution:
-    """This worker's record of one attempt: the job, where it is in its life
-    (`rota_worker.attempts`), its task, and why it was stopped (if it was).
-
-    Compared by identity: a job given back and claimed again in one statement has
-    the same (job id, attempt) as before, and is a new record."""
-
-    job: Job
-    timeout_seconds: float | None = None
-    state: State = State.WAITING
-    stopped: Stop | None = None
-    task: asyncio.Task[None] | None = None
-    """None until the attempt starts (a job claimed ahead waits for a slot)."""
-    held_at: float = dataclasses.field(default_factory=time.monotonic)
-    """When this worker took the job (monotonic clock)."""
-    _timer: asyncio.TimerHandle | None = None
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.job.id, self.job.attempts)
-
-    def move(self, to: State) -> bool:
-        """Move this attempt on in its life (see `rota_worker.attempts.move`)."""
-        if to in attempts.MOVES[self.state]:  # the legal move, in this one call
-            self.state = to
-            return True
-        return attempts.move(self, to)
-
-    def start_clock(self) -> None:
-        """The handler starts now: from here its time limit runs (if it has one)."""
-        if self.timeout_seconds is not None and self.task is not None and not self.task.done():
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.timeout_seconds, self.stop, Stop.TIMEOUT)
-
-    def stop_clock(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def stop(self, why: Stop) -> None:
-        """Stop the attempt (the first reason wins); safe to call more than once.
-
-        One that has not started yet never will: the reason decides its outcome."""
-        if self.stopped is not None or (self.task is not None and self.task.done()):
-            return
-        self.stopped = why
-        self.job.cancelled.set()
-        if self.task is not None:
-            self.task.cancel()
 
 
 def timeout_of(job: Job, handler: Handler | None, default: float | None) -> float | None:
@@ -174,12 +113,10 @@ async def run_attempt(
         duration = time.perf_counter() - started
         if outcome is None:  # the common case, built once with its type and duration
             attempt = Attempt(
-                job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, duration, execution, result
+                job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, duration, result
             )
         else:
-            attempt = dataclasses.replace(
-                outcome, type=job.type, duration_seconds=duration, owner=execution
-            )
+            attempt = dataclasses.replace(outcome, type=job.type, duration_seconds=duration)
         if span is not None:
             tracing.ended(span, attempt.outcome, attempt.error)
     return attempt
@@ -203,13 +140,18 @@ def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:
     """The outcome of an attempt stopped from outside (or that raised `Cancelled`)."""
     job = execution.job
     why = execution.stopped
-    if why is Stop.CANCEL:
+    if why is Event.CANCEL:
         return Attempt(job.id, job.attempts, Outcome.CANCELLED, error="Cancelled: by request")
-    if why is Stop.LEASE_LOST:
+    if why is Event.LEASE_LOST:
         return Attempt(job.id, job.attempts, Outcome.LEASE_LOST)
-    if why is Stop.SHUTDOWN:
+    if why is Event.SHUTDOWN:
         return Attempt(job.id, job.attempts, Outcome.RELEASED, error="Released: worker shut down")
-    if why is Stop.TIMEOUT:
+    if why is Event.NO_SLOT:
+        return Attempt(job.id, job.attempts, Outcome.RELEASED)
+    if why is Event.UNREADABLE:
+        error = job.payload.error if isinstance(job.payload, Unreadable) else "unreadable row"
+        return Attempt(job.id, job.attempts, Outcome.DEAD, error=error)
+    if why is Event.TIMEOUT:
         limit = execution.timeout_seconds
         error = f"Timeout: the attempt ran longer than its {limit or 0:g}s limit"
     else:  # the handler raised Cancelled on its own

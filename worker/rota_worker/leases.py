@@ -1,106 +1,110 @@
-"""The lease keeper: which attempts this worker holds, and what their heartbeats say.
+"""Lease renewal that nothing in a handler can stop: the one path that renews.
 
-An attempt is held from its claim until its outcome is written (or known to be
-lost): from WAITING until a terminal state (`rota_worker.attempts`). Held
-attempts are told apart by their record, never by (job id, attempt): a job
-claimed again while an earlier attempt of it still runs, or in the very
-statement that gave it back, is a new record. One heartbeat statement every
-lease/3 (`rota_worker.heartbeat`, from a thread of its own) extends every held
-lease and brings back the cancel requests; an attempt whose lease is gone, or
-whose job somebody asked to cancel, is stopped at once, so its slot is freed
-and a late finish can never overlap a rerun.
+Leases are renewed by a loop of their own (`rota_worker.loops`), in a thread
+and on a connection of its own, not from the event loop the async handlers
+share: an async handler that blocks the loop (``time.sleep`` in an ``async
+def``) cannot cost its neighbours their leases. The statement runs under a lock
+timeout and every call under an answer deadline (`rota.deadlines.Deadlines`),
+so a row lock or a half-open socket cannot hang it either.
+
+One round renews every held lease (each record of `rota_worker.attempts` from
+its claim until it is settled) in one statement. If the statement is refused
+(a row locked past the lock timeout by a handler's own transaction, say), the
+leases are renewed one per statement, so that one locked row holds back no
+other; keys still refused are *unknown*: not renewed this time and not taken
+for lost. What the round found goes to the event loop (`Attempts.renewed`),
+which stops the attempts whose lease is gone or whose job somebody asked to
+cancel.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Collection, Iterable
+import time
+from collections.abc import Callable
 
 from rota import claim as claims
-from rota.errors import DatabaseError, DatabaseUnavailable
-from rota_worker.execute import Execution, Stop
-from rota_worker.link import Link
+from rota import db
+from rota.attempt import Key, Lease
+from rota.errors import DatabaseError
+from rota_worker.attempts import Attempts
+from rota_worker.loops import Loop
 
 log = logging.getLogger("rota.worker")
 
-Key = tuple[int, int]
 
+class LeaseRenewal(Loop):
+    name = "rota-heartbeat"
 
-class LeaseKeeper:
-    def __init__(self, worker_id: str, lease_seconds: float) -> None:
-        self.worker_id = worker_id
-        self.lease_seconds = lease_seconds
-        self._held: dict[Execution, None] = {}
-        """The held records (an Execution hashes by identity). Changed on the event
-        loop only; the heartbeat thread reads a copy. Each change and each copy is
-        one call into the dict's C code, which another thread cannot interleave
-        with (the interpreter's lock is held throughout): no lock per job."""
-
-    def hold(self, execution: Execution) -> None:
-        self._held[execution] = None
-
-    def drop(self, execution: Execution) -> None:
-        """Let go of `execution`'s lease (its outcome is settled): this record only."""
-        self._held.pop(execution, None)
-
-    def holds(self, key: Key) -> bool:
-        """Whether some held attempt is (job id, attempt) `key`."""
-        return any(e.key == key for e in self.snapshot())
-
-    def snapshot(self) -> list[Execution]:
-        """The held attempts, now (safe from any thread)."""
-        return list(self._held.copy())
-
-    @property
-    def held(self) -> list[Execution]:
-        return self.snapshot()
-
-    def __len__(self) -> int:
-        return len(self._held)
-
-    @property
-    def running(self) -> list[Execution]:
-        """Held attempts whose handler has not ended yet."""
-        return [e for e in self.snapshot() if e.task is not None and not e.task.done()]
-
-    async def beat(self, link: Link) -> None:
-        """Extend every held lease once, on `link`; stop attempts that lost theirs or
-        were cancelled. (The worker beats from its heartbeat thread; see
-        `rota_worker.heartbeat`.)"""
-        executions = self.snapshot()
-        held = {e.key for e in executions}
-        if not held:
-            return
-        try:
-            leases = await link.run(claims.extend_leases, self.worker_id, held, self.lease_seconds)
-        except DatabaseUnavailable as exc:
-            log.warning("heartbeat failed (%s); leases run on until the next one", exc)
-            return
-        except DatabaseError as exc:
-            # Refused, not away (a grant taken back, say): the next heartbeat
-            # tries again; one that never succeeds lets the leases expire.
-            log.error("heartbeat refused (%s); leases run on until the next one", exc)
-            return
-        self.apply(executions, leases)
-
-    def apply(
+    def __init__(
         self,
-        executions: Iterable[Execution],
-        leases: Iterable[claims.Lease],
-        unknown: Collection[Key] = (),
+        worker_id: str,
+        attempts: Attempts,
+        connect: Callable[[], db.Conn],
+        watch: Callable[[db.Conn], contextlib.AbstractContextManager[None]],
+        reconnect_max_seconds: float = 10.0,
     ) -> None:
-        """On the event loop: what a heartbeat of `executions` found. Those whose lease
-        was not extended are stopped (lost), those whose job somebody asked to cancel
-        too; `unknown` keys were not renewed this time, and are left alone."""
-        kept = {(lease.job_id, lease.attempts): lease for lease in leases}
-        for execution in executions:
-            if execution not in self._held or execution.key in unknown:
-                continue  # settled meanwhile, or not known this time
-            lease = kept.get(execution.key)
-            if lease is None:
-                if execution.task is not None and not execution.task.done():
-                    log.warning("job %s attempt %s: lease lost; stopping it", *execution.key)
-                execution.stop(Stop.LEASE_LOST)
-            elif lease.cancel_requested:
-                log.info("job %s: cancel requested; stopping attempt %s", *execution.key)
-                execution.stop(Stop.CANCEL)
+        super().__init__(attempts.lease_seconds / 3, connect, reconnect_max_seconds)
+        self.worker_id = worker_id
+        self.attempts = attempts
+        self._watch = watch
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop that applies what a round found (set at start)."""
+        self.last_ok = time.monotonic()
+        """When a round last renewed every lease it was asked to (or had none to)."""
+
+    def start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the thread (on the event loop, which then turns: the time spent
+        waiting for the database before is no missed renewal)."""
+        self.loop = loop
+        self.last_ok = time.monotonic()
+        self.start()
+
+    def overdue(self) -> str | None:
+        """Why /healthz fails: no round renewed the leases for a whole lease while
+        attempts are held (None when one did, or nothing is held)."""
+        since = time.monotonic() - self.last_ok
+        lease = self.attempts.lease_seconds
+        if len(self.attempts) and since >= lease:
+            return (
+                f"no heartbeat succeeded for {since:.0f}s (the lease is"
+                f" {lease:g}s) while {len(self.attempts)} attempts are held"
+            )
+        return None
+
+    def run_once(self) -> None:
+        """Renew every held lease once; hand what was found to the event loop."""
+        records = self.attempts.snapshot()
+        keys = {record.key for record in records}
+        if not keys:
+            self.last_ok = time.monotonic()
+            return
+        leases, unknown = self._extend(keys)
+        if not unknown:
+            self.last_ok = time.monotonic()
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker stopped
+                self.loop.call_soon_threadsafe(self.attempts.renewed, records, leases, unknown)
+
+    def _extend(self, keys: set[Key]) -> tuple[list[Lease], set[Key]]:
+        """Extend `keys` in one statement, else one key per statement (see above)."""
+        try:
+            return self._extend_some(keys), set()
+        except DatabaseError as exc:
+            log.error("heartbeat refused (%s); renewing the leases one at a time", exc)
+        leases: list[Lease] = []
+        unknown: set[Key] = set()
+        for key in sorted(keys):
+            try:
+                leases.extend(self._extend_some({key}))
+            except DatabaseError as exc:
+                log.error("job %s attempt %s: heartbeat refused (%s)", *key, exc)
+                unknown.add(key)
+        return leases, unknown
+
+    def _extend_some(self, keys: set[Key]) -> list[Lease]:
+        conn = self.connection()
+        with self._watch(conn):
+            return claims.extend_leases(conn, self.worker_id, keys, self.attempts.lease_seconds)

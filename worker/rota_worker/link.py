@@ -21,6 +21,9 @@ from typing import Any, TypeVar
 from rota import db
 from rota.deadlines import Deadlines
 from rota.errors import DatabaseUnavailable
+from rota_worker.loops import Backoff
+
+__all__ = ["Backoff", "Link", "first"]
 
 T = TypeVar("T")
 
@@ -70,22 +73,6 @@ class Link:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
-
-
-class Backoff:
-    """Growing waits between reconnection attempts, reset by a success."""
-
-    def __init__(self, first: float = 0.1, most: float = 10.0) -> None:
-        self.first = first
-        self.most = most
-        self.current = first
-
-    def next(self) -> float:
-        delay, self.current = self.current, min(self.current * 2, self.most)
-        return delay
-
-    def reset(self) -> None:
-        self.current = self.first
 
 
 async def first(*events: asyncio.Event, timeout: float | None = None) -> None:

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from rota import claim as claims
-from rota.claim import Attempt
+from rota.attempt import Attempt, Key
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Outcome, Status
 from rota.metrics import record_outcomes
-from rota_worker.attempts import State
+from rota_worker.attempts import Attempts, Event, Execution, State
 from rota_worker.link import Backoff, Link
 
 log = logging.getLogger("rota.worker")
@@ -43,32 +41,36 @@ class OutcomeBuffer:
         self,
         worker_id: str,
         batch_size: int,
-        settled: Callable[[Attempt], None],
+        attempts: Attempts,
         reconnect_max_seconds: float = 10.0,
     ) -> None:
         self.worker_id = worker_id
         self.batch_size = batch_size
-        self._settled = settled
+        self.attempts = attempts
         self._reconnect_max = reconnect_max_seconds
-        self.pending: list[Attempt] = []
-        self._alone: list[Attempt] = []
-        """Outcomes of a batch the database refused: written one per statement, so
+        self.pending: list[Execution] = []
+        """ENDED records whose outcome waits for a writer, oldest first."""
+        self._alone: list[Execution] = []
+        """Records of a batch the database refused: written one per statement, so
         that one it cannot take holds back no other; never carried by a claim."""
-        self._in_flight = 0
         self.wake = asyncio.Event()
         self._released = asyncio.Event()
         """Clear while the claim loop takes pending outcomes along with its next claim."""
         self._released.set()
-        self.written = 0
-        """Attempts accounted for so far (written, self-completed or lost)."""
 
     @property
     def unsettled(self) -> int:
-        """Outcomes not accounted for yet: pending, or being written right now."""
-        return len(self.pending) + len(self._alone) + self._in_flight
+        """Outcomes not accounted for yet: the ENDED records (pending, or being written)."""
+        return self.attempts.count(State.ENDED)
 
-    def add(self, attempt: Attempt) -> None:
-        self.pending.append(attempt)
+    @property
+    def written(self) -> int:
+        """Attempts accounted for so far (written, given back or lost)."""
+        return self.attempts.settled_total
+
+    def add(self, record: Execution) -> None:
+        """An ENDED record: its outcome is to be written."""
+        self.pending.append(record)
         self.wake.set()
 
     def carry(self, on: bool) -> None:
@@ -80,22 +82,20 @@ class OutcomeBuffer:
         else:
             self._released.set()
 
-    def take(self) -> list[Attempt]:
+    def take(self) -> list[Execution]:
         """The oldest batch, handed to a writer; `settle` or `restore` it after."""
         batch = self.pending[: self.batch_size]
         del self.pending[: len(batch)]
-        self._in_flight += len(batch)
         return batch
 
-    def restore(self, batch: list[Attempt]) -> None:
+    def restore(self, batch: list[Execution]) -> None:
         """A batch whose write failed: nothing of it was written; it waits again, first.
         (Outcomes are restored to the buffer; a job is *given back* to the database.)"""
-        self._in_flight -= len(batch)
         self.pending[:0] = batch
         if batch:
             self.wake.set()
 
-    def refused(self, batch: list[Attempt], exc: DatabaseError) -> None:
+    def refused(self, batch: list[Execution], exc: DatabaseError) -> None:
         """A batch whose write the database refused (not an outage): nothing of it was
         written; its outcomes are written again one at a time."""
         log.warning(
@@ -103,7 +103,6 @@ class OutcomeBuffer:
             len(batch),
             exc,
         )
-        self._in_flight -= len(batch)
         self._alone.extend(batch)
         if batch:
             self.wake.set()
@@ -136,9 +135,10 @@ class OutcomeBuffer:
                 backoff.reset()
 
     @staticmethod
-    def to_write(batch: list[Attempt]) -> list[Attempt]:
-        """The attempts of `batch` that have something to write (a lost lease has not)."""
-        return [a for a in batch if a.outcome not in _NOTHING_TO_WRITE]
+    def to_write(batch: list[Execution]) -> list[Attempt]:
+        """The outcomes of `batch` that have something to write (a lost lease has not,
+        nor has a job its run suspended)."""
+        return [a for a in map(_outcome, batch) if a.outcome not in _NOTHING_TO_WRITE]
 
     async def flush(self, link: Link) -> None:
         """Write one batch on its own and account for every attempt in it."""
@@ -157,14 +157,11 @@ class OutcomeBuffer:
         """Write the first refused outcome in a statement of its own. One the database
         refuses again is given up: nothing is written, the lease is let go, and the
         job runs again once it expires (the reaper counts the attempt)."""
-        attempt = self._alone.pop(0)
-        self._in_flight += 1
+        record = self._alone.pop(0)
+        attempt = _outcome(record)
         try:
-            written = await link.run(
-                claims.write_outcomes, self.worker_id, self.to_write([attempt])
-            )
+            written = await link.run(claims.write_outcomes, self.worker_id, self.to_write([record]))
         except DatabaseError as exc:
-            self._in_flight -= 1
             log.error(
                 "job %s (%s) attempt %d: the database refused its outcome (%s: %s);"
                 " nothing written, the job runs again when its lease expires",
@@ -174,18 +171,15 @@ class OutcomeBuffer:
                 attempt.outcome,
                 exc,
             )
-            self._settle_one(attempt, State.LOST)
-            _count([attempt], [Outcome.LEASE_LOST])
+            self.attempts.dispatch(record, Event.LOST)
+            _count([record], [Outcome.LEASE_LOST])
             return
         except BaseException:
-            self._in_flight -= 1
-            self._alone.insert(0, attempt)
+            self._alone.insert(0, record)
             raise
-        await self.settle(link, [attempt], written)
+        await self.settle(link, [record], written)
 
-    async def settle(
-        self, link: Link, batch: list[Attempt], written: dict[tuple[int, int], Status]
-    ) -> None:
+    async def settle(self, link: Link, batch: list[Execution], written: dict[Key, Status]) -> None:
         """Account for a batch whose write committed (`written`: what the database took)."""
         unwritten = [a for a in self.to_write(batch) if a.key not in written]
         try:
@@ -194,15 +188,13 @@ class OutcomeBuffer:
             # Those written are settled; the others are looked at again later
             # (rewriting them changes nothing: their lease is not held).
             again = {a.key for a in unwritten}
-            self._in_flight -= len(batch) - len(unwritten)
-            done = [a for a in batch if a.key not in again]
-            _count(done, [self._account(a, written.get(a.key), False) for a in done])
-            self.restore(unwritten)
+            done = [r for r in batch if r.key not in again]
+            _count(done, [self._account(r, written.get(r.key), False) for r in done])
+            self.restore([r for r in batch if r.key in again])
             raise
-        self._in_flight -= len(batch)
-        _count(batch, [self._account(a, written.get(a.key), a.key in lost) for a in batch])
+        _count(batch, [self._account(r, written.get(r.key), r.key in lost) for r in batch])
 
-    async def _lost(self, link: Link, unwritten: list[Attempt]) -> set[tuple[int, int]]:
+    async def _lost(self, link: Link, unwritten: list[Attempt]) -> set[Key]:
         """Keys among `unwritten` whose lease was really lost (not self-completed)."""
         if not unwritten:
             return set()
@@ -220,7 +212,8 @@ class OutcomeBuffer:
                 lost.add(attempt.key)
         return lost
 
-    def _account(self, attempt: Attempt, status: Status | None, lost: bool) -> Outcome:
+    def _account(self, record: Execution, status: Status | None, lost: bool) -> Outcome:
+        attempt = _outcome(record)
         outcome = _final(attempt, status, lost)
         if outcome is Outcome.LEASE_LOST:
             log.warning(
@@ -249,27 +242,29 @@ class OutcomeBuffer:
                 outcome,
                 attempt.duration_seconds,
             )
-        self._settle_one(attempt, _STATE_OF.get(outcome, State.WRITTEN))
+        self.attempts.dispatch(record, _EVENT_OF.get(outcome, Event.WRITTEN))
         return outcome
 
-    def _settle_one(self, attempt: Attempt, state: State) -> None:
-        """The attempt's outcome is accounted for: its record moves to `state`."""
-        owner: Any = attempt.owner  # the worker's record (an Execution), or None
-        if owner is not None:
-            owner.move(state)
-        self.written += 1
-        self._settled(attempt)
+
+_EVENT_OF = {
+    Outcome.LEASE_LOST: Event.LOST,
+    Outcome.RELEASED: Event.GIVEN_BACK,
+    Outcome.WAITING: Event.SUSPENDED,
+}
+"""How a record is settled, by its final outcome (any other: WRITTEN)."""
 
 
-_STATE_OF = {Outcome.LEASE_LOST: State.LOST, Outcome.RELEASED: State.GIVEN_BACK}
-"""Where an attempt's record ends, by its final outcome (any other: WRITTEN)."""
+def _outcome(record: Execution) -> Attempt:
+    """The outcome of an ENDED record."""
+    assert record.outcome is not None, record
+    return record.outcome
 
 
-def _count(batch: list[Attempt], outcomes: list[Outcome]) -> None:
+def _count(batch: list[Execution], outcomes: list[Outcome]) -> None:
     """Metrics for a settled batch, counted once per batch."""
     record_outcomes(
         (a.type, outcome, a.duration_seconds, a.attempts)
-        for a, outcome in zip(batch, outcomes, strict=True)
+        for a, outcome in zip(map(_outcome, batch), outcomes, strict=True)
     )
 
 

@@ -2,11 +2,12 @@
 
 Each child runs one attempt at a time and lives on between attempts; it imports
 the handler modules itself when it starts (spawn, not fork: a forked copy of a
-threaded asyncio process is not safe). When an attempt is stopped, its outcome
-is decided at once and its slot freed, and its child is condemned: it gets
-SIGUSR1 (the handler sees ``job.cancelled`` set), SIGTERM after the grace
-period and SIGKILL two seconds later, and a fresh child takes its place. A
-condemned child that returns in time is kept. Costs: a start-up of a Python
+threaded asyncio process is not safe). When an attempt is stopped, its child is
+condemned: it gets SIGUSR1 (the handler sees ``job.cancelled`` set), SIGTERM
+after the grace period and SIGKILL two seconds later. The attempt ends, and
+its slot is free for a fresh child, only once the condemned one returned or is
+dead: two children never run in one slot. A condemned child that returns in
+time is kept. Costs: a start-up of a Python
 interpreter per child (and per replacement), payloads and outcomes pickled
 over a pipe, and memory for `concurrency` interpreters.
 """
@@ -208,7 +209,11 @@ class ProcessRunner:
         try:
             decided = await child.run(job, started)
         except asyncio.CancelledError:
-            await self._condemn(child)
+            condemned = asyncio.get_running_loop().create_task(self._condemn(child))
+            try:
+                await asyncio.shield(condemned)
+            except asyncio.CancelledError:  # cancelled again: the loop goes away
+                child.close()
             raise
         except ChildDied:
             await self._lose_slot()
@@ -219,24 +224,16 @@ class ProcessRunner:
             raise Decided(decided)
 
     async def _condemn(self, child: Child) -> None:
-        """Stop waiting for `child`: its slot goes to a fresh one; it is killed unless
-        it returns within the grace period."""
-        await self._lose_slot()
+        """Stop `child`'s attempt: kept if it returns within the grace period, else
+        killed; either way its slot is free again only afterwards."""
         child.signal(signal.SIGUSR1)
-        asyncio.get_running_loop().create_task(self._reap(child))
-
-    async def _reap(self, child: Child) -> None:
         try:
             await asyncio.wait_for(child.receive(), timeout=self.kill_grace_seconds)
         except (TimeoutError, ChildDied):
             pass
         else:
-            async with self._freed:
-                if self._live < self.concurrency:
-                    self._live += 1
-                    self._idle.append(child)
-                    self._freed.notify()
-                    return
+            await self._return_to_pool(child)
+            return
         if child.process.is_alive():
             log.warning("handler process %s outlived its attempt; killing it", child.pid)
             self.killed += 1
@@ -244,6 +241,7 @@ class ProcessRunner:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, child.process.join, KILL_AFTER_TERM_SECONDS)
         child.close()
+        await self._lose_slot()
 
     def close(self) -> None:
         for child in self._idle:

@@ -1,11 +1,13 @@
 """Sync handlers in threads (the default isolation): cheap, but not killable.
 
 A thread cannot be stopped from outside. When an attempt is stopped (timeout,
-cancel request, lost lease) the worker stops waiting for it at once and frees
-its slot; the handler sees ``job.cancelled`` set and should return. A thread
-that does not is *abandoned*: it runs on, counted, until it returns. Once the
-abandoned threads reach the worker's concurrency, /healthz fails so that
-Kubernetes restarts the pod (the only way to reclaim them).
+cancel request, lost lease) the handler sees ``job.cancelled`` set and should
+return. A thread that does not *overruns* its stop: it is logged and counted,
+and its attempt keeps its slot (and its lease, renewed) until the thread really
+returns, so that a concurrency limit still counts it and no second handler
+starts beside it. Once the overrunning threads reach the worker's concurrency,
+/healthz fails so that Kubernetes restarts the pod (the only way to reclaim
+them). A second cancel (the event loop going away at exit) is not waited out.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +24,8 @@ from typing import Any
 from rota import handlers
 from rota.handlers import Context, Handler
 from rota.jobs import Job
+
+log = logging.getLogger("rota.worker")
 
 
 class ThreadRunner:
@@ -34,7 +39,7 @@ class ThreadRunner:
 
     @property
     def abandoned(self) -> int:
-        """Threads still running handlers the worker stopped waiting for."""
+        """Threads still running handlers whose attempt was stopped (overrunning)."""
         with self._lock:
             return self._abandoned
 
@@ -50,12 +55,25 @@ class ThreadRunner:
         # own spans (OpenTelemetry) are children of its attempt's.
         call = functools.partial(handlers.call, handler, job, context)
         future = self._pool.submit(contextvars.copy_context().run, call)
+        waited = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            return await asyncio.shield(waited)
         except asyncio.CancelledError:
             if not future.done():
-                self._abandon(future)
+                await self._overrun(future, waited, job)
             raise
+
+    async def _overrun(self, future: Future[object], waited: asyncio.Future[Any], job: Job) -> None:
+        """The attempt was stopped and its thread runs on: wait for it, counted."""
+        self._abandon(future)
+        log.warning(
+            "job %s attempt %s: the handler's thread runs on past its stop; its slot stays"
+            " taken until it returns",
+            job.id,
+            job.attempts,
+        )
+        # Only a second cancel (the loop going away) ends the wait early.
+        await asyncio.wait([waited])
 
     def _abandon(self, future: Future[object]) -> None:
         with self._lock:

@@ -1,0 +1,103 @@
+"""The outcome buffer against a real database: batches written and settled, lost
+leases told from jobs the handler completed itself, and one outcome the database
+refuses holding back no other."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+import rota
+from rota import claim as claims
+from rota.attempt import Attempt
+from rota.jobs import Job, Outcome
+from rota_worker.attempts import Attempts, Event, Execution, State
+from rota_worker.link import Link
+from rota_worker.outcomes import OutcomeBuffer
+from tests.worker.helpers import row
+
+
+@pytest.fixture
+def io() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(2)
+    yield pool
+    pool.shutdown(wait=True)
+
+
+def _buffer(batch_size: int) -> tuple[OutcomeBuffer, list[int]]:
+    """A buffer fed by its own attempts' owner; the ids settled, in order."""
+    owner = Attempts(concurrency=10, lease_seconds=30)
+    buffer = OutcomeBuffer("w", batch_size, owner)
+    settled: list[int] = []
+    owner.ended = lambda record, was: buffer.add(record)
+    owner.settled = lambda record: settled.append(record.job.id)
+    return buffer, settled
+
+
+def _ended(buffer: OutcomeBuffer, job: Job, outcome: Attempt) -> Execution:
+    record = buffer.attempts.claimed(job, None, 0.0)
+    buffer.attempts.dispatch(record, Event.STARTED)
+    record.outcome = outcome
+    buffer.attempts.dispatch(record, Event.FINISHED)
+    return record
+
+
+def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_url, io) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
+    jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}
+    conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (ids[2],))
+    with psycopg.connect(db_url, autocommit=True) as own:
+        assert rota.complete(own, jobs[ids[3]])  # done in the handler's own transaction
+    buffer, settled = _buffer(batch_size=3)
+    outcomes = [Outcome.DONE, Outcome.RETRY, Outcome.DONE, Outcome.DONE]
+    records = [
+        _ended(buffer, jobs[i], Attempt(i, 1, outcome, delay=60, error="boom", type="t"))
+        for i, outcome in zip(ids, outcomes, strict=True)
+    ]
+
+    async def flush_all() -> None:
+        link = Link(db_url, "flush", io)
+        try:
+            while buffer.pending:
+                await buffer.flush(link)
+        finally:
+            link.close()
+
+    asyncio.run(flush_all())
+    assert settled == ids  # every attempt accounted for, in order
+    assert buffer.written == 4 and buffer.unsettled == 0
+    assert [r.state for r in records] == [State.WRITTEN, State.WRITTEN, State.LOST, State.WRITTEN]
+    statuses = [row(conn, i)["status"] for i in ids]
+    assert statuses == ["done", "ready", "running", "done"]  # the stolen one untouched
+    assert row(conn, ids[2])["locked_by"] == "thief"
+
+
+def test_an_outcome_the_database_refuses_holds_back_no_other(conn, db_url, io) -> None:
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
+    jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}
+    buffer, settled = _buffer(batch_size=10)
+    for job_id in ids:
+        # Built by hand: describe_error would have shown the NUL as \x00.
+        error = "bad\x00byte" if job_id == ids[1] else "boom"
+        _ended(buffer, jobs[job_id], Attempt(job_id, 1, Outcome.RETRY, 60, error, "t"))
+
+    async def write_all() -> None:
+        link = Link(db_url, "flush", io)
+        writer = asyncio.create_task(buffer.run(link))
+        try:
+            await buffer.attempts.settled_all()
+            assert not writer.done()
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            link.close()
+
+    asyncio.run(asyncio.wait_for(write_all(), 30))
+    assert sorted(settled) == sorted(ids)
+    assert buffer.written == 4
+    statuses = [row(conn, i)["status"] for i in ids]
+    assert statuses == ["ready", "running", "ready", "ready"]  # the refused one: nothing written
