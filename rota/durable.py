@@ -73,19 +73,23 @@ class Trail:
     """name, kind, event_key, children (how many), until, started_at, ended_at, ended_by."""
     children: list[dict[str, Any]]
     """name, id, status, type (status and type None once the child is gone)."""
+    parent_id: int | None = None
+    """The job that spawned this one, if one did."""
 
     def __bool__(self) -> bool:
-        return bool(self.steps or self.waits or self.children)
+        return bool(self.steps or self.waits or self.children or self.parent_id)
 
 
 def trail(conn_or_dsn: ConnOrDsn, job_id: int) -> Trail:
     """The steps, waits and children of a job (empty lists for a job that has none)."""
     params = {"job": job_id}
     with connection(conn_or_dsn) as conn:
+        parent = fetch_all(conn, sql.query("job_parent"), params)
         return Trail(
             steps=fetch_all(conn, sql.query("job_steps"), params),
             waits=fetch_all(conn, sql.query("job_waits"), params),
             children=fetch_all(conn, sql.query("job_children"), params),
+            parent_id=parent[0]["parent_id"] if parent else None,
         )
 
 
