@@ -134,3 +134,18 @@ ORDER BY c.child_id
 
 -- name: job_parent
 SELECT parent_id FROM rota.job WHERE id = %(job)s
+
+-- name: delete_old_events
+-- Events emitted longer ago than the retention, oldest first
+-- (job_event_emitted_idx), in capped batches like the archive's moves.
+WITH picked AS (
+    SELECT key FROM rota.job_event
+    WHERE emitted_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
+    ORDER BY emitted_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM rota.job_event AS e USING picked WHERE e.key = picked.key RETURNING 1
+)
+SELECT count(*) AS moved FROM deleted

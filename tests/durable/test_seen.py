@@ -1,5 +1,5 @@
-"""Waiting jobs are seen everywhere: `rota jobs show`, `rota status`, metrics and
-scaling count them apart, and unique keys hold while their job waits."""
+"""Waiting jobs are known everywhere: `rota jobs show`, `rota status`, metrics and
+scaling count them apart; unique keys and limits, the archive and cancel know them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import rota
+from rota.archive import Archiver
 from rota.cli import main
 from rota.jobs import Job
 from rota.status import queue_age, read_status
@@ -71,3 +72,45 @@ def test_a_waiting_job_holds_its_unique_active_key(conn, db_url) -> None:
     assert rota.enqueue(conn, "ships", key="order-9", unique_active=True) == job_id
     rota.cancel(conn, [job_id])
     assert rota.enqueue(conn, "ships", key="order-9", unique_active=True) != job_id
+
+
+def limited(job: Job, ctx: rota.Context) -> Any:
+    if job.payload.get("sleep"):
+        ctx.sleep(3600)
+    return "ran"
+
+
+def test_a_waiting_job_frees_its_limit_slot(conn, db_url) -> None:
+    rota.set_limit(conn, "limited", concurrency=1)
+    sleeper = rota.enqueue(conn, "limited", {"sleep": True})
+    with running(db_url, handlers(limited=limited), concurrency=2):
+        until_status(conn, sleeper, "waiting")
+        other = rota.enqueue(conn, "limited")
+        assert until_status(conn, other, "done")["result"] == "ran"
+
+
+def test_the_archive_keeps_waiting_jobs_and_forgets_old_events(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "ships")
+    with running(db_url, HANDLERS, concurrency=1):
+        until_status(conn, job_id, "waiting")
+    rota.emit(conn, "old-news", 1)
+    done = rota.enqueue(conn, "ships")
+    conn.execute(
+        "UPDATE rota.job SET status = 'done', finished_at = now() - interval '8 days'"
+        " WHERE id = %s",
+        (done,),
+    )
+    conn.execute(
+        "INSERT INTO rota.job_step (job_id, name, attempt, started_at, finished_at)"
+        " VALUES (%s, 'a', 1, now(), now())",
+        (done,),
+    )
+    result = Archiver().run_once(conn, now=later(conn, 31 * 86400))
+    assert (result.done, result.events) == (1, 1)
+    assert conn.execute("SELECT status FROM rota.job WHERE id = %s", (job_id,)).fetchone() == {
+        "status": "waiting"
+    }
+    steps = conn.execute("SELECT job_id FROM rota.job_step ORDER BY job_id").fetchall()
+    assert [s["job_id"] for s in steps] == [job_id]  # the archived job's step went with it
+    assert rota.emit(conn, "old-news", 2) == 0
+    assert conn.execute("SELECT payload FROM rota.job_event").fetchone() == {"payload": 2}

@@ -59,14 +59,17 @@ CREATE TABLE rota.job_wait (
 CREATE INDEX job_wait_event_idx ON rota.job_wait (event_key)
     WHERE kind = 'event' AND ended_at IS NULL;
 
--- Emitted events. The first emit of a key wins and is kept: a wait that comes
--- after it (however much later) returns its payload at once, so an emit that
--- beats its waiter is never lost; a later emit of the key changes nothing.
+-- Emitted events. The first emit of a key wins and is kept (for the archive's
+-- event retention, 30 days by default): a wait that comes after it returns its
+-- payload at once, so an emit that beats its waiter is never lost; a later
+-- emit of the key changes nothing.
 CREATE TABLE rota.job_event (
     key        text        PRIMARY KEY,
     payload    jsonb,
     emitted_at timestamptz NOT NULL
 );
+-- The archive deletes events past their retention (ArchiveSettings), oldest first.
+CREATE INDEX job_event_emitted_idx ON rota.job_event (emitted_at);
 
 -- The children a parent spawned, by name: a resumed run that spawns the same
 -- name finds the same child, even once the child has been archived.
