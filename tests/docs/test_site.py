@@ -27,6 +27,8 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     in_nav = nav_pages(config["nav"])
     on_disk = {str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md")}
+    # Changelog entries waiting to be folded in (mkdocs.yml excludes them).
+    on_disk = {page for page in on_disk if not page.startswith("changes/")}
     assert in_nav == on_disk
 
 
