@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from rota import limits, sql
@@ -172,15 +173,12 @@ class Run:
             "seconds": time.perf_counter() - started,
             "now": None,
         }
-        conn = self.conn
-        with errors_wrapped():
-            row = conn.execute(sql.query("save_step"), params).fetchone()
-            if row is None:
-                conn.rollback()
-                self._in_step = False
-                raise LeaseLost(f"job {self.job.id}: lease lost before step {name!r} was stored")
-            conn.commit()
         self._in_step = False
+        # The step's writes (if it made any through `conn`) and its result commit
+        # together; a step that wrote nothing stores its result in one round trip.
+        rows = self._write(sql.query("save_step"), params, none_undoes=True)
+        if not rows:
+            raise LeaseLost(f"job {self.job.id}: lease lost before step {name!r} was stored")
         stored = json.loads(encoded)
         assert self._stored is not None
         self._stored[name] = stored
@@ -296,13 +294,30 @@ class Run:
         """Run `query`; commit unless a step's transaction is open (no snapshot kept)."""
         return self._write(query, params)
 
-    def _write(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def _write(
+        self, query: str, params: dict[str, Any], *, none_undoes: bool = False
+    ) -> list[dict[str, Any]]:
+        """Run `query` and commit, with what the connection's open transaction
+        holds; inside a step, in the step's transaction, committed with it. With
+        `none_undoes`, an empty result rolls that transaction back instead (a
+        step's lease was lost). With no transaction open, the statement commits
+        by itself: one round trip, where BEGIN, the statement and COMMIT take three."""
         conn = self.conn
         with errors_wrapped():
+            if self._in_step:
+                return fetch_all(conn, query, params)
+            if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                conn.autocommit = True
+                try:
+                    return fetch_all(conn, query, params)
+                finally:
+                    conn.autocommit = False
             rows = fetch_all(conn, query, params)
-            if not self._in_step:
+            if rows or not none_undoes:
                 conn.commit()
-        return rows
+            else:
+                conn.rollback()
+            return rows
 
 
 def _child_params(
