@@ -28,11 +28,15 @@ def register(sub: Any) -> None:
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true", help="the row as one JSON object")
     p.set_defaults(func=cmd_jobs_show)
-    p = jobs.add_parser("cancel", help="cancel jobs: ready ones at once, running ones asked")
+    p = jobs.add_parser(
+        "cancel", help="cancel jobs: ready and waiting ones at once, running ones asked"
+    )
     p.add_argument("ids", nargs="*", type=_job_id, metavar="ID")
-    p.add_argument("--type", help="every ready and running job of this type")
+    p.add_argument("--type", help="every ready, waiting and running job of this type")
     p.add_argument(
-        "--status", choices=[Status.READY.value, Status.RUNNING.value], help="with --type"
+        "--status",
+        choices=[Status.READY.value, Status.WAITING.value, Status.RUNNING.value],
+        help="with --type",
     )
     p.set_defaults(func=cmd_jobs_cancel)
 

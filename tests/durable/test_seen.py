@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 import rota
+from rota import control
 from rota.archive import Archiver
 from rota.cli import main
-from rota.jobs import Job
+from rota.jobs import Job, Status
 from rota.status import queue_age, read_status
 from tests.durable.helpers import handlers, later, running, until_status
 
@@ -114,3 +115,12 @@ def test_the_archive_keeps_waiting_jobs_and_forgets_old_events(conn, db_url) -> 
     assert [s["job_id"] for s in steps] == [job_id]  # the archived job's step went with it
     assert rota.emit(conn, "old-news", 2) == 0
     assert conn.execute("SELECT payload FROM rota.job_event").fetchone() == {"payload": 2}
+
+
+def test_cancel_by_type_ends_the_waiting_jobs_of_the_type(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "ships")
+    with running(db_url, HANDLERS, concurrency=1):
+        until_status(conn, job_id, "waiting")
+    result = control.cancel_matching(conn, "ships", Status.WAITING)
+    assert result.ended == [job_id]
+    assert until_status(conn, job_id, "cancelled")["last_error"] == "Cancelled: while it waited"
