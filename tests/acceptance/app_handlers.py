@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 
 import psycopg
@@ -84,6 +85,20 @@ async def hang_async(job: rota.Job) -> None:
 @rota.handler("hang.sync")
 def hang_sync(job: rota.Job) -> None:
     """Ignores every stop signal: only killing its process ends it."""
+    _ran(job)
+    time.sleep(3600)
+
+
+@rota.handler("hang.sync.noted")
+def hang_sync_noted(job: rota.Job) -> None:
+    """Ignores every stop signal but SIGTERM, whose arrival it notes before exiting
+    (in a child process of `--isolation process`, where it runs in the main thread)."""
+
+    def terminated(*_: object) -> None:
+        _ran(job, "terminated")
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, terminated)
     _ran(job)
     time.sleep(3600)
 

@@ -103,33 +103,66 @@ def test_process_isolation_kills_children_that_outlive_their_timeout(
     assert "killing it" in worker.output()
 
 
-def test_thread_mode_abandons_a_stubborn_handler_and_healthz_fails_at_the_limit(
+def test_a_child_past_its_timeout_is_killed_before_its_slot_is_reused(
     db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
 ) -> None:
+    # One slot: the child that ignores its timeout gets SIGTERM after the kill
+    # grace; the next job starts only after it noted that signal.
+    hung = rota.enqueue(db_url, "hang.sync.noted", max_attempts=1, timeout=1)
+    rota.enqueue(db_url, "noted", delay=0.5)
+    worker = WorkerProcess(
+        db_url, "--isolation", "process", "--concurrency", "1", log=tmp_path / "w.log"
+    )
+    try:
+        wait_for(lambda: count(conn, "status = 'done'") == 1, 120, "the next job to run")
+    finally:
+        assert worker.stop() == 0
+    notes = conn.execute("SELECT job_id, note FROM runs ORDER BY at, seq").fetchall()
+    assert [(r["job_id"] == hung, r["note"]) for r in notes] == [
+        (True, "started"),
+        (True, "terminated"),
+        (False, "started"),
+    ]
+    assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", hung) == "dead"
+
+
+def test_a_thread_past_its_timeout_keeps_its_slot_and_healthz_fails_at_the_limit(
+    db_url: str, conn: psycopg.Connection[Any], tables: None, tmp_path: Path
+) -> None:
+    # A thread cannot be killed: one that ignores its timeout runs on, reported,
+    # and keeps its slot (its lease renewed, its job running) until it returns, so
+    # that no second handler starts in its place. Once every slot is taken so,
+    # /healthz fails; when the threads return, their jobs end and work goes on.
     port = free_port()
     first = rota.enqueue(db_url, "stubborn", max_attempts=1)  # handler default timeout: 1 s
     worker = WorkerProcess(
         db_url, "--concurrency", "2", "--metrics-port", str(port), log=tmp_path / "w.log"
     )
+    overrun = "the handler's thread runs on past its stop"
     try:
-        wait_for(
-            lambda: scalar(conn, "SELECT status FROM rota.job WHERE id = %s", first) == "dead",
-            what="the stubborn job to time out",
-        )
-        # Its thread runs on, abandoned; the lease is no longer renewed and the
-        # other slot keeps working.
+        wait_for(lambda: worker.output().count(overrun) == 1, what="the first to overrun")
         rota.enqueue_many(db_url, [rota.NewJob("noop") for _ in range(50)])
         wait_for(lambda: count(conn, "type = 'noop' AND status = 'done'") == 50, what="noops")
         assert healthz(port) == 200
+        assert scalar(conn, "SELECT status FROM rota.job WHERE id = %s", first) == "running"
         second = rota.enqueue(db_url, "stubborn", max_attempts=1)
-        wait_for(
-            lambda: scalar(conn, "SELECT status FROM rota.job WHERE id = %s", second) == "dead",
-            what="the second stubborn job to time out",
-        )
+        wait_for(lambda: worker.output().count(overrun) == 2, what="the second to overrun")
         wait_for(lambda: healthz(port) == 503, what="/healthz to fail at the concurrency")
-        assert count(conn, "status = 'running'") == 0
+        waiting = rota.enqueue(db_url, "noop")
+        assert count(conn, "status = 'running'") == 2  # both still hold their slots
         conn.execute("INSERT INTO gate VALUES (%s), (%s)", (first, second))
+        wait_for(lambda: count(conn, "type = 'stubborn' AND status = 'dead'") == 2, what="ends")
         wait_for(lambda: healthz(port) == 200, what="/healthz once the threads returned")
+        wait_for(
+            lambda: scalar(conn, "SELECT status FROM rota.job WHERE id = %s", waiting) == "done",
+            what="the job that waited for a slot",
+        )
+        last_errors = conn.execute(
+            "SELECT last_error FROM rota.job WHERE type = 'stubborn'"
+        ).fetchall()
+        assert all(r["last_error"].startswith("Timeout:") for r in last_errors)
+        started = conn.execute("SELECT job_id FROM runs ORDER BY seq").fetchall()
+        assert [r["job_id"] for r in started] == [first, second]  # each ran once
     finally:
         conn.execute("INSERT INTO gate SELECT id FROM rota.job ON CONFLICT DO NOTHING")
         assert worker.stop() == 0

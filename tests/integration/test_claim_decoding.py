@@ -111,3 +111,33 @@ def test_a_payload_of_jsonb_text_with_every_escape_reads_back(
     [claimed] = claims.claim(conn, "w", 1, 30, now=T0 + timedelta(seconds=1))
     expected = conn.execute("SELECT %s::jsonb AS p", (Jsonb(odd),)).fetchone()
     assert claimed.payload == expected["p"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["claim", "write_and_claim"])
+def test_a_row_that_cannot_be_read_is_claimed_as_unreadable_beside_the_others(
+    conn: psycopg.Connection[Any], pipeline: bool
+) -> None:
+    # Written around any check (a plain UPDATE): a payload deeper than Python's
+    # recursion limit, and a timestamp past year 9999. The claim reads its other
+    # rows as ever; each bad one is a job whose payload says what failed.
+    from rota.decoding import Unreadable
+
+    ids = rota.enqueue_many(conn, [rota.NewJob("t", {"n": n}) for n in range(4)])
+    conn.execute(
+        "UPDATE rota.job SET payload = (repeat('[', 5000) || repeat(']', 5000))::jsonb"
+        " WHERE id = %s",
+        (ids[1],),
+    )
+    conn.execute("UPDATE rota.job SET created_at = 'infinity' WHERE id = %s", (ids[2],))
+    if pipeline:
+        _, jobs = claims.write_and_claim(conn, "w", [], 10, 30)
+    else:
+        jobs = claims.claim(conn, "w", 10, 30)
+    by_id = {job.id: job for job in jobs}
+    assert sorted(by_id) == ids
+    assert [by_id[i].payload for i in (ids[0], ids[3])] == [{"n": 0}, {"n": 3}]
+    deep, infinite = by_id[ids[1]].payload, by_id[ids[2]].payload
+    assert isinstance(deep, Unreadable) and deep.reason.startswith("payload: RecursionError")
+    assert isinstance(infinite, Unreadable)
+    assert infinite.reason.startswith("created_at: DataError")
+    assert by_id[ids[1]].attempts == 1 and by_id[ids[1]].type == "t"

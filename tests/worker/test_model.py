@@ -60,8 +60,9 @@ from rota.errors import DatabaseUnavailable
 from rota.handlers import Handler
 from rota.jobs import Job, Outcome
 from rota_worker.attempts import HELD, SLOTTED, Event, Execution, State
-from rota_worker.claiming import Lane, Recovery
+from rota_worker.lanes import Lane
 from rota_worker.link import Link
+from rota_worker.lost_claims import Recovery
 from rota_worker.settings import WorkerSettings
 from rota_worker.slots import AHEAD_MAX_WAIT_SECONDS
 from rota_worker.worker import Worker
@@ -238,7 +239,7 @@ class WorkerModel(RuleBasedStateMachine):
         if n > 0:
             rota.enqueue_many(self.conn, [rota.NewJob("m") for _ in range(n)])
 
-    @precondition(lambda self: self.claims.recovery is Recovery.NONE)
+    @precondition(lambda self: self.claims.lost_claim.state is Recovery.NONE)
     @rule(mode=st.sampled_from(["ok", "ok", "answer lost", "not sent"]), ahead=st.booleans())
     def claim(self, mode: str, ahead: bool) -> None:
         """One claim step of the claim loop (claiming ahead: after fast attempts)."""
@@ -250,14 +251,14 @@ class WorkerModel(RuleBasedStateMachine):
         self.link.next_call = mode
         self._turn(self.claims._claim(self.claims._lead, free))
 
-    @precondition(lambda self: self.claims.recovery is Recovery.LOST)
+    @precondition(lambda self: self.claims.lost_claim.state is Recovery.LOST)
     @rule(mode=st.sampled_from(["ok", "not sent"]))
     def give_back_lost_claim(self, mode: str) -> None:
         self.link.next_call = mode
         try:
-            self._turn(self.claims._give_back_lost_claim(self.link))
+            self._turn(self.claims.lost_claim.give_back(self.link))
         except DatabaseUnavailable:
-            assert self.claims.recovery is Recovery.LOST
+            assert self.claims.lost_claim.state is Recovery.LOST
 
     @rule(then_claim=st.booleans())
     def waited_too_long(self, then_claim: bool) -> None:
@@ -266,7 +267,7 @@ class WorkerModel(RuleBasedStateMachine):
         self.now += AHEAD_MAX_WAIT_SECONDS
         self.worker.slots.give_back_stale()
         self._turn()
-        if then_claim and self.claims.recovery is Recovery.NONE:
+        if then_claim and self.claims.lost_claim.state is Recovery.NONE:
             self.claim("ok", ahead=True)
 
     @precondition(lambda self: bool(self._in_handler()))

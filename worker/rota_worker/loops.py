@@ -12,6 +12,7 @@ Tests call `run_once` directly: a loop is steppable without its thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -41,6 +42,31 @@ class Backoff:
 
     def reset(self) -> None:
         self.current = self.first
+
+
+class Wakeup:
+    """One waiter on the event loop, woken by `set` (or its timeout): one future, so
+    the waiter resumes on the loop's next turn, ahead of tasks started meanwhile."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def wait(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        if self._future is None or self._future.done():
+            self._future = loop.create_future()
+        future = self._future
+        timer = loop.call_later(timeout, self.set) if timeout is not None else None
+        try:
+            await future
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 class Loop:

@@ -215,33 +215,7 @@ class OutcomeBuffer:
     def _account(self, record: Execution, status: Status | None, lost: bool) -> Outcome:
         attempt = _outcome(record)
         outcome = _final(attempt, status, lost)
-        if outcome is Outcome.LEASE_LOST:
-            log.warning(
-                "job %s (%s) attempt %d: lease lost before its outcome (%s) was written;"
-                " nothing written",
-                attempt.job_id,
-                attempt.type,
-                attempt.attempts,
-                attempt.outcome,
-            )
-        elif outcome in _WORTH_A_WARNING:
-            first_line = (attempt.error or "").splitlines()[0] if attempt.error else ""
-            log.warning(
-                "job %s (%s) attempt %d: %s%s",
-                attempt.job_id,
-                attempt.type,
-                attempt.attempts,
-                outcome,
-                f": {first_line}" if first_line else "",
-            )
-        else:
-            log.debug(
-                "job %s (%s): %s in %.3fs",
-                attempt.job_id,
-                attempt.type,
-                outcome,
-                attempt.duration_seconds,
-            )
+        _log_final(attempt, outcome)
         self.attempts.dispatch(record, _EVENT_OF.get(outcome, Event.WRITTEN))
         return outcome
 
@@ -252,6 +226,37 @@ _EVENT_OF = {
     Outcome.WAITING: Event.SUSPENDED,
 }
 """How a record is settled, by its final outcome (any other: WRITTEN)."""
+
+
+def _log_final(attempt: Attempt, outcome: Outcome) -> None:
+    """One line per settled outcome: a warning for what went wrong, else debug."""
+    if outcome is Outcome.LEASE_LOST:
+        log.warning(
+            "job %s (%s) attempt %d: lease lost before its outcome (%s) was written;"
+            " nothing written",
+            attempt.job_id,
+            attempt.type,
+            attempt.attempts,
+            attempt.outcome,
+        )
+    elif outcome in _WORTH_A_WARNING:
+        first_line = (attempt.error or "").splitlines()[0] if attempt.error else ""
+        log.warning(
+            "job %s (%s) attempt %d: %s%s",
+            attempt.job_id,
+            attempt.type,
+            attempt.attempts,
+            outcome,
+            f": {first_line}" if first_line else "",
+        )
+    else:
+        log.debug(
+            "job %s (%s): %s in %.3fs",
+            attempt.job_id,
+            attempt.type,
+            outcome,
+            attempt.duration_seconds,
+        )
 
 
 def _outcome(record: Execution) -> Attempt:

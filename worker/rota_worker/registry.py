@@ -1,6 +1,6 @@
 """This worker's row in rota.worker: registered at start, refreshed, taken out at stop.
 
-Refreshed every `heartbeat_seconds` on a connection of its own, off the
+Refreshed every `registry_refresh_seconds` on a connection of its own, off the
 lease-critical path (leases are renewed by `rota_worker.leases`); the refresh
 also writes the queue's minute samples. A failure is logged and never fatal.
 """

@@ -114,5 +114,7 @@ class WorkerSettings:
             raise InvalidInput("finish_batch_size must be at least 1")
 
     @property
-    def heartbeat_seconds(self) -> float:
+    def registry_refresh_seconds(self) -> float:
+        """How often the worker's row in rota.worker is refreshed: as often as its
+        leases are renewed (lease/3), on a connection of its own."""
         return self.lease_seconds / 3

@@ -75,6 +75,33 @@ class Slots:
         self._starting = False
         attempts.ended = self.ended
 
+    @property
+    def claiming_ahead(self) -> bool:
+        s = self.settings
+        return s.claim_ahead and self.fast_in_a_row >= s.concurrency
+
+    def claimable(self, asked: int) -> int:
+        """Jobs the next claim may take, beside claims in flight asking for `asked`:
+        one per slot not running or spoken for (and a batch more while claiming
+        ahead), *and* the attempts held (claimed, running, or ended with outcomes
+        not yet written) stay under the cap, so a fast queue never claims faster
+        than it writes; one batch (the concurrency) at most, so that while claiming
+        ahead the batch ahead is left to the second lane's claim."""
+        c = self.settings.concurrency
+        ahead = c if self.claiming_ahead else 0
+        attempts = self.attempts
+        taken = attempts.slots_taken + len(attempts.waiting_for_a_slot) + asked
+        return min(c + ahead - taken, self.cap() - len(attempts) - asked, c)
+
+    def cap(self) -> int:
+        """Most attempts held at once: twice the concurrency; while claiming ahead,
+        a batch more waiting and a batch more of outcomes to carry."""
+        c = self.settings.concurrency
+        return 2 * c + (2 * c if self.claiming_ahead else 0)
+
+    def under_cap(self) -> bool:
+        return len(self.attempts) < self.cap()
+
     def hold(self, jobs: list[Job]) -> None:
         """Claimed jobs: held from now until their outcome is settled."""
         now = self.clock()

@@ -155,7 +155,7 @@ class Worker:
         self._stopping.set()
         self.slots.stopping = True
         self.claims.wake()
-        self.claims.end_idle_wait()
+        self.claims.statements.end_idle_wait()
 
     def run(self, install_signals: bool = True) -> None:
         coro = self.run_async(install_signals=install_signals)
@@ -176,7 +176,7 @@ class Worker:
         links["claim"] = Link(
             self.dsn, "claim", io, self.deadlines, self.settings.poll_interval_seconds
         )
-        registry = Registry(self.info, links["registry"], self.settings.heartbeat_seconds)
+        registry = Registry(self.info, links["registry"], self.settings.registry_refresh_seconds)
         self.listener.start()
         server = self.probes.serve()
         services_stop = threading.Event()
