@@ -22,8 +22,9 @@ claimed again in one statement has the same (job id, attempt) twice, and is a
 new record); the slots taken are its RUNNING and STOPPING records, nothing
 else. Every event goes through `Attempts.dispatch`, which looks the move up in
 `MOVES` and does what arriving in the new state means (stop the handler, hand
-the outcome on, let go of the lease). A kind of event or state is added by one
-row of `MOVES` (and, for a new state, one branch of `_arrive`). An illegal
+the outcome on, let go of the lease). A kind of event is added by one row of
+`MOVES`, and so is a new end (every end is settled alike); a new held state
+also needs one branch of `dispatch`. An illegal
 move raises `IllegalMove` when `STRICT` is on (the test suite) and is logged as
 an error otherwise: production keeps running.
 """
@@ -45,6 +46,8 @@ log = logging.getLogger("rota.worker")
 
 
 class State(enum.StrEnum):
+    __hash__ = str.__hash__  # the str's own (C) hash: the dispatch looks states up per job
+
     CLAIMED = "claimed"
     """Claimed and held; no slot was free for it yet (claimed ahead)."""
     RUNNING = "running"
@@ -64,6 +67,8 @@ class State(enum.StrEnum):
 
 
 class Event(enum.StrEnum):
+    __hash__ = str.__hash__
+
     STARTED = "started"
     """A slot was free: its handler starts."""
     FINISHED = "finished"
@@ -181,7 +186,8 @@ class Attempts:
         which no other thread can interleave with: no lock per job)."""
         self._claimed: deque[Execution] = deque()
         """The CLAIMED records, oldest first: the order they start in."""
-        self._count = dict.fromkeys(State, 0)
+        self._count = dict.fromkeys(HELD, 0)
+        """How many records are in each held state (an end is not counted)."""
         self.ended: Callable[[Execution, State], None] = lambda record, was: None
         """Told when a record reaches ENDED (its outcome is to be written), with the
         state it left (a slot was freed if that was RUNNING or STOPPING)."""
@@ -202,39 +208,43 @@ class Attempts:
         return record
 
     def dispatch(self, record: Execution, event: Event) -> bool:
-        """Move `record` by `event`; False (and nothing changed) when illegal."""
+        """Move `record` by `event`, and do what arriving in its new state means;
+        False (and nothing changed) when the move is illegal."""
         was = record.state
         to = MOVES.get((was, event))
         if to is None:
             return _illegal(record, event)
-        if event in REASONS and record.stopped is None and was is not E:
+        if to is was:  # a stop of one stopping or ended: the first reason stands
+            return True
+        if record.stopped is None and event in REASONS:
             record.stopped = event
-        if to is not was:
-            record.state = to
-            self._count[was] -= 1
-            self._count[to] += 1
-            self._arrive(record, was, to, event)
-        return True
-
-    def _arrive(self, record: Execution, was: State, to: State, event: Event) -> None:
-        """What arriving in `to` means, beyond the state itself."""
+        record.state = to
+        count = self._count
+        count[was] -= 1
         if was is C:
-            if self._claimed and self._claimed[0] is record:
-                self._claimed.popleft()
+            claimed = self._claimed
+            if claimed[0] is record:
+                claimed.popleft()
             else:
-                self._claimed.remove(record)
-        if to is S:
-            record.signal_stop()
+                claimed.remove(record)
+        if to is R:
+            count[R] += 1
         elif to is E:
-            if was is C:
+            count[E] += 1
+            if was is C:  # never started: nothing will ask the handler, but say so
                 record.job.cancelled.set()
             self.ended(record, was)
-        elif to not in HELD:
+        elif to is S:
+            count[S] += 1
+            record.signal_stop()
+        else:  # an end: written, given back, lost or suspended
             del self._held[record]
             self.settled_total += 1
             self.settled(record)
-            if self._quiet is not None and not self._count[E] and not self._quiet.done():
-                self._quiet.set_result(None)
+            quiet = self._quiet
+            if quiet is not None and not count[E] and not quiet.done():
+                quiet.set_result(None)
+        return True
 
     async def settled_all(self) -> None:
         """Wait until every ENDED record is settled (the outcomes are written)."""
@@ -275,7 +285,7 @@ class Attempts:
         return record in self._held
 
     def count(self, state: State) -> int:
-        return self._count[state]
+        return self._count.get(state, 0)
 
     @property
     def slots_taken(self) -> int:
