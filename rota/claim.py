@@ -310,10 +310,14 @@ def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
     """Mark `job` done from inside the caller's own transaction.
 
     For handlers that write their effects and complete the job atomically:
-    returns False (and writes nothing) when the lease is no longer held, in which
-    case the caller must roll its transaction back.
+    returns False (and writes nothing) when the lease is no longer held, or when
+    the worker has told this attempt to stop (its timeout passed, the job was
+    cancelled, its lease was lost: `job.cancelled` is set). A stopped attempt
+    keeps its row until its handler has really ended, so that no second handler
+    starts in its place; its completion is refused all the same, and the caller
+    must roll its transaction back.
     """
-    if job.locked_by is None:
+    if job.locked_by is None or job.cancelled.is_set():
         return False
     written = write_outcomes(
         conn, job.locked_by, [Attempt(job.id, job.attempts, Outcome.DONE)], now

@@ -322,6 +322,20 @@ def test_complete_in_the_handlers_own_transaction(db_url: str) -> None:
         assert c.execute("SELECT count(*) AS n FROM shipped").fetchone() == {"n": 1}
 
 
+def test_an_attempt_told_to_stop_cannot_complete_though_it_keeps_its_row(db_url: str) -> None:
+    # Past its timeout a thread that ignores its stop keeps its lease (so that no
+    # second handler starts in its place), but its completion is refused.
+    rota.enqueue(db_url, "t", now=T0)
+    with psycopg.connect(db_url, row_factory=dict_row) as c:  # type: ignore[arg-type]
+        [job] = claims.claim(c, "w", 1, 30, now=at(0))
+        c.commit()
+        job.cancelled.set()
+        with c.transaction():
+            assert not rota.complete(c, job, now=at(1))
+        row = c.execute("SELECT status, locked_by FROM rota.job").fetchone()
+        assert row == {"status": "running", "locked_by": "w"}
+
+
 def test_effect_markers_make_a_rerun_skip_the_effect(conn: psycopg.Connection[Any]) -> None:
     rota.enqueue(conn, "t", key="invoice-7")
     [job] = claims.claim(conn, "w", 1, 30)
