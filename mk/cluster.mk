@@ -16,12 +16,13 @@ images-local: cluster-deps ## build the worker, operator and handler images with
 	bash tests/cluster/images.sh build
 
 # The previous release's images, for the upgrade of tests/cluster/test_production.py:
-# the tree of PREVIOUS_REF (default main) exported to the cache and built as tag
-# "previous" by its own images.sh.
+# the tree of PREVIOUS_REF (default: the commit in tests/cluster/previous-release,
+# the last one of 0.3) exported to the cache and built as tag "previous" by its
+# own images.sh.
 CLUSTER_STATE := $(or $(ROTA_CLUSTER_DIR),/var/tmp/rota-cluster)
-PREVIOUS_REF ?= main
+PREVIOUS_REF ?= $(shell cat tests/cluster/previous-release)
 PREVIOUS_DIR := $(or $(ROTA_CACHE),$(HOME)/.cache/rota)/previous
-images-previous: cluster-deps ## build the images of PREVIOUS_REF (default main) as tag "previous", for the upgrade test
+images-previous: cluster-deps ## build the images of PREVIOUS_REF (tests/cluster/previous-release) as tag "previous", for the upgrade test
 	rm -rf $(PREVIOUS_DIR) && mkdir -p $(PREVIOUS_DIR)
 	git archive $(PREVIOUS_REF) | tar -x -C $(PREVIOUS_DIR)
 	IMAGE_TAG=previous bash $(PREVIOUS_DIR)/tests/cluster/images.sh build

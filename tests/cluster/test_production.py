@@ -2,8 +2,9 @@
 
 In file order, each step on the state the previous one left:
 
-    alpha: the previous release (main's charts/rota and its images, built as tag
-      "previous" by `make images-previous`) installed with workers and the
+    alpha: the previous release (charts/rota and the images of the commit in
+      tests/cluster/previous-release, the last of 0.3, built as tag "previous"
+      by `make images-previous`) installed with workers and the
       console; jobs running when it is upgraded to this chart and these images:
       none lost, none run twice, the console's key kept, the hook-made
       WorkerPool taken over by the release;
@@ -31,6 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from psycopg.rows import dict_row
 
 import rota
@@ -122,9 +124,10 @@ def tls_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Db, Path]
 
 @pytest.fixture(scope="module")
 def previous_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The chart as the last release shipped it: charts/rota on the main branch."""
+    """The chart as the last release shipped it (the commit in previous-release)."""
+    ref = (Path(__file__).parent / "previous-release").read_text().strip()
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "main", "charts/rota"],
+        ["git", "-C", str(ROOT), "archive", ref, "charts/rota"],
         capture_output=True,
         check=True,
     ).stdout
@@ -238,22 +241,32 @@ def test_a_second_installation_reaches_a_tls_only_database_through_a_mounted_ca(
         "-n", BETA_NS, "create", "secret", "generic", "postgres-ca", f"--from-file=ca.crt={ca}"
     )
     values = tmp_path / "values.yaml"
-    values.write_text(
-        WORKER_VALUES
-        + """
-crds:
-  enabled: false
-database:
-  tls:
-    sslmode: verify-full
-    caSecret: postgres-ca
-"""
-    )
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}},
+    }
+    settings = yaml.safe_load(WORKER_VALUES)
+    settings["crds"] = {"enabled": False}
+    settings["database"] = {"tls": {"sslmode": "verify-full", "caSecret": "postgres-ca"}}
+    settings["worker"]["topologySpreadConstraints"] = [spread]
+    for component in ("operator", "scheduler", "worker"):
+        settings.setdefault(component, {})["podDisruptionBudget"] = {"enabled": True}
+    values.write_text(yaml.safe_dump(settings))
     helm(
         kube, "install", BETA, str(CHART), "-n", BETA_NS, "--values", str(values),
         "--set", "operator.instance=beta",
     )  # fmt: skip
     assert db.value("SELECT count(*) FROM rota.migrations") >= 3
+    # 1.20 serves what the chart wrote for it: budgets as policy/v1beta1, topology spread,
+    # and the scheduler's and reaper's readiness (--wait saw both /readyz answer).
+    budgets = kubectl_json(kube, BETA_NS, "poddisruptionbudgets")["items"]
+    assert len(budgets) == 3 and {b["apiVersion"] for b in budgets} <= {"policy/v1beta1"}, budgets
+    deployment = kubectl_json(kube, BETA_NS, "deployment", f"{BETA}-rota-worker")
+    assert deployment["spec"]["template"]["spec"]["topologySpreadConstraints"][0]["maxSkew"] == 1
+    scheduler = kubectl_json(kube, BETA_NS, "deployment", f"{BETA}-rota-scheduler")
+    assert scheduler["status"].get("readyReplicas") == 1
     # Every component's connection from a pod is TLS (the server refuses any other).
     wait_until(
         "the operator and scheduler connected over TLS",
