@@ -186,7 +186,7 @@ def test_the_instance_labels_the_release_s_pool_and_peering(
         "operator.instance=Blue",
         "worker.image.digest=latest",
         "scheduler.serviceAccount.annotation.x=y",
-        "migrations.grantWorkerRole=no;drop",
+        "migrations.runtimeRole=no;drop",
         "web.topologySpreadConstraint[0].maxSkew=1",
     ],
 )

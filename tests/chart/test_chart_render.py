@@ -224,7 +224,7 @@ def test_migrations_run_before_install_and_upgrade(render: Render) -> None:
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["rota", "migrate"]
-    assert container["args"] == ["--key-index", "partial", "--grant-worker", "rota_worker"]
+    assert container["args"] == ["--key-index", "partial", "--grant", "rota_worker"]
     url = next(e for e in container["env"] if e["name"] == "ROTA_DATABASE_URL")
     assert url["valueFrom"]["secretKeyRef"] == {"name": "rota-owner", "key": "owner-url"}
     (default_job,) = [o for o in render() if o["kind"] == "Job"]
