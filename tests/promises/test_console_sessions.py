@@ -72,3 +72,24 @@ def test_posts_from_another_site_are_refused(db_url: str, conn: psycopg.Connecti
         assert own.status_code == 303, own.text
     finally:
         client.__exit__(None, None, None)
+
+
+def test_logging_in_or_out_from_another_site_is_refused(db_url: str) -> None:
+    client = make_client(db_url, auth=AuthSettings(token="token", secret=SECRET))
+    with client:
+        evil = {"Origin": "https://evil.example"}
+        login = client.post(
+            "/login", data={"token": "token", "next": "/"}, headers=evil, follow_redirects=False
+        )
+        assert login.status_code == 403 and "another site" in login.text
+        assert "rota_session" not in "".join(login.headers.get_list("set-cookie"))
+        own = client.post(
+            "/login",
+            data={"token": "token", "next": "/"},
+            headers={"Origin": "http://console.test"},
+            follow_redirects=False,
+        )
+        assert own.status_code == 303, own.text
+        logout = client.post("/logout", headers=evil, follow_redirects=False)
+        assert logout.status_code == 403
+        assert client.get("/jobs", headers=HTML).status_code == 200  # still logged in

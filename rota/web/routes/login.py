@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
@@ -22,7 +23,16 @@ def login_page(c: Console, request: Request) -> Response:
     )  # fmt: skip
 
 
+def _from_this_site(c: Console, request: Request) -> None:
+    """Logging in or out is a POST like any other: refused from another site's page
+    (a forged login would put a visitor in a session of the forger's choosing)."""
+    client = request.client.host if request.client else None
+    if not auth.same_origin(c.settings.auth, auth.ANONYMOUS, request.headers, client):
+        raise HTTPException(403, "the request comes from another site (Origin)")
+
+
 async def login(c: Console, request: Request) -> Response:
+    _from_this_site(c, request)
     form = await request.form()
     raw = form.get("token")
     given = raw.strip() if isinstance(raw, str) else ""
@@ -51,6 +61,7 @@ async def login(c: Console, request: Request) -> Response:
 
 async def logout(c: Console, request: Request) -> Response:
     """Ends the session on the server (its cookie stops working everywhere)."""
+    _from_this_site(c, request)
     found = auth.read_session(c.settings.auth, request.cookies.get(auth.SESSION_COOKIE, ""))
     if found is not None:
 
