@@ -2,10 +2,12 @@
 
 from rota.claim import complete
 from rota.control import cancel, pause, paused, resume
+from rota.durable import emit
 from rota.effects import effect_result, record_effect
 from rota.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from rota.errors import (
     Cancelled,
+    ChildFailed,
     DatabaseError,
     DatabaseUnavailable,
     InvalidInput,
@@ -13,6 +15,8 @@ from rota.errors import (
     Permanent,
     Retry,
     RotaError,
+    Suspended,
+    TimedOut,
 )
 from rota.flow import Limit, clear_limit, list_limits, set_limit
 from rota.handlers import Context, handler
@@ -25,6 +29,7 @@ __version__ = "0.4.0"
 
 __all__ = [
     "Cancelled",
+    "ChildFailed",
     "Context",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -38,10 +43,13 @@ __all__ = [
     "Retry",
     "RotaError",
     "Status",
+    "Suspended",
+    "TimedOut",
     "cancel",
     "clear_limit",
     "complete",
     "effect_result",
+    "emit",
     "enqueue",
     "enqueue_async",
     "enqueue_many",

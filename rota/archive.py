@@ -64,6 +64,11 @@ class ArchiveSettings:
     makes a new job); the row is kept for an enqueue whose transaction began
     inside the window and judges the key by that instant."""
 
+    event_retention_seconds: float = 30 * _DAY
+    """How long an emitted event (rota.emit) stays, in seconds after its first emit:
+    until then a `wait_for` of its key returns its payload at once, and a later
+    emit of the key changes nothing; after, the key is new again."""
+
     batch_size: int = 1000
     """Rows moved per statement: each batch is one short transaction."""
 
@@ -80,6 +85,7 @@ class ArchiveSettings:
             self.done_retention_seconds,
             self.failed_retention_seconds,
             self.unique_key_retention_seconds,
+            self.event_retention_seconds,
         ]
         if self.archive_retention_seconds is not None:
             retentions.append(self.archive_retention_seconds)
@@ -136,6 +142,8 @@ class ArchiveResult:
     """Archived rows deleted after the archive retention."""
     keys: int = 0
     """Keys of unique_for deleted, their window passed (rota.job_unique_key)."""
+    events: int = 0
+    """Emitted events deleted after their retention (rota.job_event)."""
     rebuilt: tuple[str, ...] = ()
     """Indexes of rota.job rebuilt, bloated."""
     vacuumed: bool = False
@@ -151,6 +159,7 @@ class ArchiveResult:
             f"archived {self.done} done and {self.failed} failed/dead jobs;"
             f" deleted {self.deleted} archived jobs"
             + (f" and {self.keys} expired unique keys" if self.keys else "")
+            + (f" and {self.events} old events" if self.events else "")
             + ("; more waiting" if self.capped else "")
             + ("; vacuumed the bloated table" if self.vacuumed else "")
             + (f"; rebuilt the bloated indexes {', '.join(self.rebuilt)}" if self.rebuilt else "")
@@ -198,6 +207,7 @@ class Archiver(Service):
                     if count < s.batch_size:
                         break
             keys, keys_capped = self._expired_keys(conn, now)
+            events, events_capped = self._old_events(conn, now)
             # The rows just archived may have been the last at the table's end:
             # vacuum then gives the end back, and counts the entries the
             # rebuild's choice reads.
@@ -207,9 +217,10 @@ class Archiver(Service):
             counts[0],
             counts[1],
             batches,
-            capped or keys_capped,
+            capped or keys_capped or events_capped,
             deleted=counts[2],
             keys=keys,
+            events=events,
             rebuilt=rebuilt,
             vacuumed=vacuumed,
         )
@@ -223,6 +234,17 @@ class Archiver(Service):
             count = self._batch(conn, "delete_expired_unique_keys", params)
             deleted += count
             if count < s.batch_size:
+                return deleted, False
+        return deleted, True
+
+    def _old_events(self, conn: Conn, now: datetime | None) -> tuple[int, bool]:
+        """Delete events past their retention: how many, and whether max_batches stopped it."""
+        params = {"retention": self.settings.event_retention_seconds, "now": now}
+        deleted = 0
+        for _ in range(self.settings.max_batches):
+            count = self._batch(conn, "delete_old_events", params)
+            deleted += count
+            if count < self.settings.batch_size:
                 return deleted, False
         return deleted, True
 

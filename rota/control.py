@@ -183,16 +183,18 @@ def cancel_matching(
     status: Status | None = None,
     now: datetime | None = None,
 ) -> CancelResult:
-    """Cancel every ready and running job of `job_type` (or only those of `status`)."""
+    """Cancel every ready, waiting and running job of `job_type` (or only those of `status`)."""
     limits.name(job_type, "job type")
-    if status is not None and status not in (Status.READY, Status.RUNNING):
-        raise InvalidInput(f"only ready or running jobs can be cancelled, not {status}")
+    if status is not None and status not in (Status.READY, Status.RUNNING, Status.WAITING):
+        raise InvalidInput(f"only ready, running or waiting jobs can be cancelled, not {status}")
     params = {"type": job_type, "now": now}
     ended: list[int] = []
     requested: list[int] = []
     with connection(conn_or_dsn) as conn:
         if status in (None, Status.READY):
             ended = _batches(conn, "cancel_ready_of_type", params)
+        if status in (None, Status.WAITING):
+            ended += _batches(conn, "cancel_waiting_of_type", params)
         if status in (None, Status.RUNNING):
             after = 0
             while True:

@@ -67,3 +67,34 @@ class Permanent(Exception):
 class Cancelled(Exception):
     """The attempt was asked to stop (timeout or cancel request): raised inside a handler
     by `Job.raise_if_cancelled`, it ends the attempt the way the stop request says."""
+
+
+class TimedOut(RotaError):
+    """A wait ended at its timeout before its event was emitted."""
+
+
+class ChildFailed(RotaError):
+    """A child of the job ended without succeeding (failed, dead or cancelled)."""
+
+    def __init__(self, child_id: int, status: str, error: str | None = None) -> None:
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+        first = (error or "").splitlines()[0] if error else ""
+        super().__init__(f"child job {child_id} ended {status}" + (f": {first}" if first else ""))
+
+
+class Suspended(Exception):
+    """The job waits (status waiting) for a sleep, an event or its children: this
+    attempt ends here without counting, and the handler runs again from the top
+    once the wait is over. Raised by the Context's sleep, wait_for and gather;
+    a handler lets it pass (catching it keeps the slot busy for nothing)."""
+
+    def __init__(self, job_id: int, wait: str) -> None:
+        self.job_id = job_id
+        self.wait = wait
+        super().__init__(f"job {job_id} waits on {wait}")
+
+
+class LeaseLost(Cancelled):
+    """The job's lease was gone when its run wrote a step or a wait: nothing was written."""

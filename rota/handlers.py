@@ -8,7 +8,9 @@ its job in its own transaction).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -16,7 +18,9 @@ from typing import Any
 
 from rota import limits
 from rota.db import Conn, connect
+from rota.durable import Run
 from rota.errors import InvalidInput
+from rota.jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +29,92 @@ HandlerFunc = Callable[..., Any]
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """What a running handler may know about the worker that runs it."""
+    """What a running handler may know about the worker that runs it, and its
+    durable calls (docs/durable-jobs.md): `step`, `sleep`, `wait_for`, `spawn`,
+    `gather`. In an async handler each durable call is awaited."""
 
     dsn: str
     """The worker's database URL."""
     worker_id: str
     """host:pid:random, as written to locked_by."""
+    job: Job | None = None
+    """The job this context runs (None in the worker's own, shared context)."""
+    is_async: bool = False
+    """The handler is async: the durable calls return awaitables."""
+    run: Run | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def connect(self) -> Conn:
         """A new connection to the worker's database (autocommit, rows as dicts)."""
         return connect(self.dsn)
+
+    def for_job(self, job: Job, is_async: bool = False) -> Context:
+        """The context of one attempt of `job` (the worker makes one per attempt)."""
+        run = Run(self.dsn, self.worker_id, job)
+        return dataclasses.replace(self, job=job, is_async=is_async, run=run)
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.close()
+
+    @property
+    def conn(self) -> Conn:
+        """The run's connection: inside a step, what is written through it commits
+        with the step's result, exactly once."""
+        return self._run().conn
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` once per job and `name`; a later run gets its stored result."""
+        run = self._run()
+        return (run.astep if self.is_async else run.step)(name, fn, *args, **kwargs)
+
+    def sleep(self, seconds: float) -> Any:
+        """Leave the worker (status waiting, slot freed) for `seconds`."""
+        return self._call("sleep", seconds)
+
+    def wait_for(self, key: str, timeout: float | None = None) -> Any:
+        """The payload of the first `rota.emit` of `key`; `rota.TimedOut` past `timeout`."""
+        return self._call("wait_for", key, timeout)
+
+    def spawn(
+        self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
+    ) -> Any:
+        """Enqueue a child once per this job and `name`; its id."""
+        return self._call("spawn", job_type, payload, name=name, **options)
+
+    def gather(self, ids: Sequence[int]) -> Any:
+        """The children's results in order once all are done; `rota.ChildFailed` if one died."""
+        return self._call("gather", list(ids))
+
+    def _run(self) -> Run:
+        if self.run is None:
+            raise InvalidInput("durable calls are made from a handler's own context")
+        return self.run
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        bound = functools.partial(getattr(self._run(), method), *args, **kwargs)
+        return asyncio.to_thread(bound) if self.is_async else bound()
+
+
+def call(handler: Handler, job: Job, context: Context) -> Any:
+    """Run a sync handler on `job` with a context of its own; return what it returned."""
+    if not handler.wants_context:
+        return handler.func(job)
+    own = context.for_job(job)
+    try:
+        return handler.func(job, own)
+    finally:
+        own.close()
+
+
+async def acall(handler: Handler, job: Job, context: Context) -> Any:
+    """Run an async handler on `job` with a context of its own."""
+    if not handler.wants_context:
+        return await handler.func(job)
+    own = context.for_job(job, is_async=True)
+    try:
+        return await handler.func(job, own)
+    finally:
+        own.close()
 
 
 @dataclasses.dataclass(frozen=True)

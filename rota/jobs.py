@@ -19,6 +19,9 @@ class Status(enum.StrEnum):
     """Waiting to run: new, or a retry waiting for run_at."""
     RUNNING = "running"
     """Claimed by a worker that holds the lease until locked_until."""
+    WAITING = "waiting"
+    """Suspended by its handler (a sleep, an event, its children): no worker holds it;
+    ready again when the wait is over (docs/durable-jobs.md)."""
     DONE = "done"
     """The handler succeeded."""
     FAILED = "failed"
@@ -49,6 +52,9 @@ class Outcome(enum.StrEnum):
     """Given back without counting the attempt (shutdown, database outage)."""
     CANCELLED = "cancelled"
     """An operator cancelled the job while it ran."""
+    WAITING = "waiting"
+    """The handler suspended the job (a sleep, an event, its children): written by the
+    run itself (rota.durable), the attempt not counted, the slot free at once."""
     LEASE_LOST = "lease_lost"
     """The lease was gone before the outcome could be written: nothing written."""
 

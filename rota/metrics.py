@@ -392,6 +392,11 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
     running = GaugeMetricFamily(
         "rota_running_jobs", "Jobs running now (lease held), by type.", labels=["type"]
     )
+    waiting = GaugeMetricFamily(
+        "rota_waiting_jobs",
+        "Jobs waiting on a sleep, an event or their children (no worker holds them), by type.",
+        labels=["type"],
+    )
     dead = GaugeMetricFamily("rota_dead_jobs", "Jobs in the dead-letter list (status dead).")
     deaths = CounterMetricFamily(
         "rota_jobs_dead",
@@ -433,6 +438,7 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
         for job_type, measures in _fold(status.types, named).items():
             age.add_metric([job_type], measures.oldest_ready_age_seconds)
             running.add_metric([job_type], measures.running)
+            waiting.add_metric([job_type], measures.waiting)
             for name in Status:
                 jobs.add_metric([name.value, job_type], measures.count(name))
             paused.add_metric([job_type], 1 if measures.paused else 0)
@@ -452,7 +458,19 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
             flags[label(limit.type)] = max(flags.get(label(limit.type), 0), int(limit.limited))
         for job_type, flag in sorted(flags.items()):
             limited.add_metric([job_type], flag)
-    return [age, jobs, running, dead, deaths, expired, missed, paused, limited, live_workers]
+    return [
+        age,
+        jobs,
+        running,
+        waiting,
+        dead,
+        deaths,
+        expired,
+        missed,
+        paused,
+        limited,
+        live_workers,
+    ]
 
 
 class QueueCollector:

@@ -1,4 +1,5 @@
-"""The reaper: gives back jobs whose worker stopped renewing its lease.
+"""The reaper: gives back jobs whose worker stopped renewing its lease, and
+makes waiting jobs whose time came ready again (durable jobs' sleeps and timeouts).
 
 A running row whose locked_until has passed (by the database clock) goes back
 to ready after the job's backoff (its attempt counted, as for a failing job: a
@@ -16,7 +17,8 @@ import logging
 from datetime import datetime
 
 from rota import limits, sql
-from rota.db import ConnOrDsn, connection, fetch_all
+from rota.db import Conn, ConnOrDsn, connection, fetch_all
+from rota.durable import wake_due
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.services import Service
@@ -56,6 +58,8 @@ class ReapResult:
     """Jobs somebody had asked to cancel: they end cancelled, not ready."""
     capped: bool = False
     """max_batches stopped the pass: more expired leases may be waiting."""
+    woken: list[int] = dataclasses.field(default_factory=list)
+    """Waiting jobs whose time came (a sleep ended, a wait timed out): ready again."""
 
     @property
     def count(self) -> int:
@@ -67,6 +71,7 @@ class ReapResult:
             f"{self.count} expired lease(s): {len(self.requeued)} job(s) ready again,"
             f" {len(self.dead)} dead, {len(self.cancelled)} cancelled"
             + ("; more waiting" if self.capped else "")
+            + (f"; {len(self.woken)} waiting job(s) due" if self.woken else "")
         )
 
 
@@ -98,7 +103,20 @@ class Reaper(Service):
                 if len(rows) < self.settings.batch_size:
                     capped = False
                     break
-        return ReapResult(found[Status.READY], found[Status.DEAD], found[Status.CANCELLED], capped)
+            woken = self._wake_due(conn, now)
+        return ReapResult(
+            found[Status.READY], found[Status.DEAD], found[Status.CANCELLED], capped, woken
+        )
+
+    def _wake_due(self, conn: Conn, now: datetime | None) -> list[int]:
+        """Waiting jobs whose time came are ready again (rota.durable.wake_due)."""
+        woken: list[int] = []
+        for _ in range(self.settings.max_batches):
+            batch = wake_due(conn, now, self.settings.batch_size)
+            woken += batch
+            if len(batch) < self.settings.batch_size:
+                break
+        return woken
 
     def _params(self, now: datetime | None) -> dict[str, object]:
         backoff = self.settings.backoff

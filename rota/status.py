@@ -32,6 +32,9 @@ class TypeStatus:
     oldest_ready_age_seconds: float = 0.0
     """Seconds the oldest due job has waited past its run_at (0 if none)."""
     running: int = 0
+    waiting: int = 0
+    """Jobs suspended by their handler (a sleep, an event, children): no worker
+    holds them, and they are not ready until their wait is over."""
     done: int = 0
     failed: int = 0
     dead: int = 0
@@ -253,8 +256,8 @@ def format_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-_COLUMNS = ("TYPE", "READY", "DUE", "OLDEST READY", "RUNNING", "DONE", "FAILED", "DEAD",
-            "CANCELLED", "STATE")  # fmt: skip
+_COLUMNS = ("TYPE", "READY", "DUE", "OLDEST READY", "RUNNING", "WAITING", "DONE", "FAILED",
+            "DEAD", "CANCELLED", "STATE")  # fmt: skip
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -279,6 +282,7 @@ def _type_rows(status: QueueStatus) -> list[tuple[str, ...]]:
                 str(m.due),
                 format_age(m.oldest_ready_age_seconds) if m.due else "-",
                 str(m.running),
+                str(m.waiting),
                 str(m.done),
                 str(m.failed),
                 str(m.dead),

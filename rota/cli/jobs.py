@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 from datetime import datetime
 from typing import Any
 
-from rota import control, limits, lookup
+from rota import control, durable, limits, lookup
 from rota.cli.common import UsageError, database_url, positive_int, print_json
 from rota.jobs import Job, Status
 from rota.reading import RawJson
@@ -28,11 +29,15 @@ def register(sub: Any) -> None:
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true", help="the row as one JSON object")
     p.set_defaults(func=cmd_jobs_show)
-    p = jobs.add_parser("cancel", help="cancel jobs: ready ones at once, running ones asked")
+    p = jobs.add_parser(
+        "cancel", help="cancel jobs: ready and waiting ones at once, running ones asked"
+    )
     p.add_argument("ids", nargs="*", type=_job_id, metavar="ID")
-    p.add_argument("--type", help="every ready and running job of this type")
+    p.add_argument("--type", help="every ready, waiting and running job of this type")
     p.add_argument(
-        "--status", choices=[Status.READY.value, Status.RUNNING.value], help="with --type"
+        "--status",
+        choices=[Status.READY.value, Status.WAITING.value, Status.RUNNING.value],
+        help="with --type",
     )
     p.set_defaults(func=cmd_jobs_cancel)
 
@@ -88,18 +93,45 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN_BESIDE = ("group_key", "result", "errors")
+_SHOWN_BESIDE = ("group_key", "parent_id", "result", "errors")
 """Columns `rota jobs show` prints after a Job's own."""
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     row = lookup.job_row(database_url(), args.id)
     shown = Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE}
+    done = durable.trail(database_url(), args.id)
     if args.json:
-        print_json(shown)
+        print_json(shown | dataclasses.asdict(done))
     else:
-        print(_described(shown), end="")
+        print(_described(shown) + _trail(done), end="")
     return 0
+
+
+def _trail(done: durable.Trail) -> str:
+    """A durable job's steps, waits and children, a line each (nothing for other jobs)."""
+    lines = []
+    if done.steps:
+        lines.append("steps:")
+        lines += [
+            f"  {s['name']}  attempt {s['attempt']}  {_value(s['started_at'])} .."
+            f" {_value(s['finished_at'])}  {s['result_bytes'] or 0} bytes"
+            for s in done.steps
+        ]
+    if done.waits:
+        lines.append("waits:")
+        lines += [
+            f"  {w['name']}  until {_value(w['until'])}  since {_value(w['started_at'])}  "
+            + (f"ended by {w['ended_by']} {_value(w['ended_at'])}" if w["ended_by"] else "open")
+            for w in done.waits
+        ]
+    if done.children:
+        lines.append("children:")
+        lines += [
+            f"  {c['name']}  job {c['id']}  {c['type'] or '?'}  {c['status'] or 'gone'}"
+            for c in done.children
+        ]
+    return "".join(line + "\n" for line in lines)
 
 
 _BLOCKS = ("payload", "result", "last_error")

@@ -28,7 +28,7 @@ keyed AS (
     SELECT c.id,
            (SELECT held.id FROM rota.job AS held
             WHERE held.unique_key = c.unique_key AND held.unique_active
-              AND held.status IN ('ready', 'running')
+              AND held.status IN ('ready', 'running', 'waiting')
             LIMIT 1) AS held_by,
            (SELECT max(o.id) FROM candidates AS o
             WHERE o.unique_active AND o.unique_key = c.unique_key) AS newest
@@ -65,16 +65,23 @@ ORDER BY c.id
 SELECT id FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 
 -- name: cancel_jobs
--- A ready job ends cancelled at once; a running one gets a cancel request that
--- its worker reads from its next heartbeat. The rows are locked first (not
--- skipped), so a job being claimed right now is seen as the claim left it, and
--- in id order, the order of every statement that waits for the locks of
--- running rows (a worker's outcomes and heartbeats), so none of them deadlock.
-WITH target AS (
+-- A ready or waiting job ends cancelled at once; a running one gets a cancel
+-- request that its worker reads from its next heartbeat. The children of a
+-- job cancelled by id (durable jobs, rota.job.parent_id), and theirs, are
+-- cancelled with it. The rows are locked first (not skipped), so a job being
+-- claimed right now is seen as the claim left it, and in id order, the order
+-- of every statement that waits for the locks of running rows (a worker's
+-- outcomes and heartbeats), so none of them deadlock.
+WITH RECURSIVE family AS (
+    SELECT unnest(%(ids)s::bigint[]) AS id
+    UNION
+    SELECT c.id FROM family AS f JOIN rota.job AS c ON c.parent_id = f.id
+),
+target AS (
     SELECT id, status
     FROM rota.job
-    WHERE status IN ('ready', 'running')
-      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    WHERE status IN ('ready', 'running', 'waiting')
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(ARRAY(SELECT id FROM family)))
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(status)s::text IS NULL OR status = %(status)s::text)
     ORDER BY id
@@ -85,9 +92,11 @@ ended AS (
     SET status = 'cancelled',
         cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
         finished_at = coalesce(%(now)s::timestamptz, now()),
-        last_error = coalesce(j.last_error, 'Cancelled: before it started')
+        last_error = coalesce(j.last_error, CASE t.status WHEN 'waiting'
+                                                THEN 'Cancelled: while it waited'
+                                                ELSE 'Cancelled: before it started' END)
     FROM target AS t
-    WHERE j.id = t.id AND t.status = 'ready'
+    WHERE j.id = t.id AND t.status IN ('ready', 'waiting')
     RETURNING j.id
 ),
 requested AS (

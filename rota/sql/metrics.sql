@@ -22,6 +22,13 @@ FROM rota.job
 WHERE status = 'running'
 GROUP BY type
 UNION ALL
+-- Waiting jobs (durable jobs' sleeps and waits) count apart: neither ready nor
+-- running, read from their own partial index (job_waiting_idx).
+SELECT 'waiting', type, count(*), 0, 0
+FROM rota.job
+WHERE status = 'waiting'
+GROUP BY type
+UNION ALL
 SELECT status, type, count(*), 0, 0
 FROM rota.job
 WHERE status IN ('failed', 'dead', 'cancelled')

@@ -75,7 +75,7 @@ RETURNING id
 
 -- name: unique_active_holder
 SELECT id FROM rota.job
-WHERE unique_key = %(key)s AND unique_active AND status IN ('ready', 'running')
+WHERE unique_key = %(key)s AND unique_active AND status IN ('ready', 'running', 'waiting')
 
 -- name: enqueue_unique_for
 -- One job whose key is unique for a window after the first job with it. The
@@ -406,20 +406,27 @@ LIMIT 1
 
 -- name: queue_age
 -- Age of the oldest job that could run now, how many could, and how many run;
--- walks the partial indexes of ready and running rows only. Jobs of paused
--- types cannot run now: they are not counted as waiting; nor are the jobs of
--- the types in %(held)s, whose limits hold jobs back (more workers would not
--- start them sooner).
+-- walks the partial indexes of ready, waiting and running rows only. Jobs of
+-- paused types cannot run now: they are not counted as waiting; nor are the
+-- jobs of the types in %(held)s, whose limits hold jobs back (more workers
+-- would not start them sooner). A waiting job whose time has come (a sleep
+-- ended, a wait timed out) counts as ready: a pool scaled to zero must start a
+-- worker, whose reaper makes it ready; a job still waiting counts nowhere.
+WITH due AS (
+    SELECT run_at, type FROM rota.job
+    WHERE status = 'ready' AND run_at <= coalesce(%(now)s::timestamptz, now())
+    UNION ALL
+    SELECT run_at, type FROM rota.job
+    WHERE status = 'waiting' AND run_at <= coalesce(%(now)s::timestamptz, now())
+)
 SELECT coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(run_at)), 0)::float8
            AS oldest_ready_age_seconds,
        count(*) AS ready_jobs,
        (SELECT count(*) FROM rota.job
         WHERE status = 'running'
           AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))) AS running_jobs
-FROM rota.job
-WHERE status = 'ready'
-  AND run_at <= coalesce(%(now)s::timestamptz, now())
-  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+FROM due
+WHERE (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND type <> ALL (SELECT type FROM rota.paused_type)
   AND type <> ALL (%(held)s::text[])
   AND NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')

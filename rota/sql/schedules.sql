@@ -59,7 +59,7 @@ FOR UPDATE SKIP LOCKED
 
 -- name: schedule_previous_job_active
 -- Forbid: is the schedule's most recent job still waiting or running?
-SELECT coalesce(bool_or(status IN ('ready', 'running')), false) AS active
+SELECT coalesce(bool_or(status IN ('ready', 'running', 'waiting')), false) AS active
 FROM (SELECT status FROM rota.job WHERE schedule_id = %(schedule_id)s
       ORDER BY slot DESC LIMIT 1) AS latest
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from rota import archive, cron, schedule_store, sql, workers
+from rota import archive, cron, durable, schedule_store, sql, workers
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound
 from rota.jobs import Job, Status
@@ -65,6 +65,8 @@ class JobDetail:
     result: Any = None
     has_results: bool = False
     """The database keeps results (migration 0009): `result` is the job's value."""
+    trail: durable.Trail | None = None
+    """A durable job's steps, waits, children and parent (see `job_trail`)."""
 
 
 def job_detail(conn: Conn, job_id: int) -> JobDetail:
@@ -86,7 +88,13 @@ def job_detail(conn: Conn, job_id: int) -> JobDetail:
     return JobDetail(
         job, archived, effects, schedule, errors if "errors" in row else None,
         row.get("result"), "result" in row,
+        job_trail(conn, job_id) if "parent_id" in row else None,
     )  # fmt: skip
+
+
+def job_trail(conn: Conn, job_id: int) -> durable.Trail:
+    """The step timeline of a durable job (templates/_job_trail.html shows it)."""
+    return durable.trail(conn, job_id)
 
 
 def _attempt_error(entry: dict[str, Any]) -> dict[str, Any]:

@@ -199,8 +199,8 @@ def test_cancel_by_type_and_retry_all_work_in_capped_batches(
     assert result.ended == sorted(set(ids) - set(running))
     assert result.requested == sorted(running)
     assert status_of(conn, other) == "ready"
-    # 4 ready rows: batches of 3 and 1; 4 running: 3 and 1.
-    assert len(statements) == 4
+    # 4 ready rows: batches of 3 and 1; no waiting row: one batch of none; 4 running: 3 and 1.
+    assert len(statements) == 5
     conn.execute("UPDATE rota.job SET status = 'dead', finished_at = now() WHERE type = 't'")
     statements.clear()
     assert control.retry(conn, all_matching=True, now=at(3)) == sorted(ids)

@@ -40,6 +40,7 @@ def test_json_has_the_measures_and_warnings(busy_db, capsys):
         "due": 0,
         "oldest_ready_age_seconds": 0.0,
         "running": 0,
+        "waiting": 0,
         "done": 0,
         "failed": 0,
         "dead": 1,
@@ -64,6 +65,7 @@ def test_table_shows_each_type_and_every_warning(busy_db, capsys):
         "OLDEST",
         "READY",
         "RUNNING",
+        "WAITING",
         "DONE",
         "FAILED",
         "DEAD",
@@ -72,13 +74,14 @@ def test_table_shows_each_type_and_every_warning(busy_db, capsys):
     ]
     assert email.split()[:3] == ["email.send", "1", "1"] and email.split()[4:] == [
         "1",
+        "0",
         "1",
         "0",
         "0",
         "0",
         "active",
     ]
-    assert report.split() == ["report", "1", "0", "-", "0", "0", "0", "1", "0", "active"]
+    assert report.split() == ["report", "1", "0", "-", "0", "0", "0", "0", "1", "0", "active"]
     assert "email.send: the oldest ready job has waited 10m" in out
     assert "12 leases expired within one hour (threshold 10)" in out
     assert "1 dead job(s)" in out

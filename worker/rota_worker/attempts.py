@@ -2,10 +2,15 @@
 
     claimed ──STARTED──> RUNNING ──FINISHED──> ENDED ──WRITTEN────> written
        │                   │                     ├────GIVEN_BACK──> given back
+       │                   │                     ├────SUSPENDED───> suspended
        │                 a stop                  └────LOST────────> lost
        │                   v
        │                STOPPING ──FINISHED──> ENDED
        └──a stop, NO_SLOT, UNREADABLE──> ENDED (never started)
+
+SUSPENDED: the handler's run wrote its job `waiting` (a durable job's sleep,
+wait or gather, rota.durable) before it ended; nothing is left to write, the
+attempt is not counted, and its slot was freed when it ended, like any other.
 
 A stop is TIMEOUT, CANCEL, LEASE_LOST or SHUTDOWN; the first one of an attempt
 is its reason, later ones change nothing. A STOPPING attempt keeps its slot
@@ -57,6 +62,8 @@ class State(enum.StrEnum):
     """Released to the database: ready again, the attempt not counted."""
     LOST = "lost"
     """Its lease is gone (reaped, taken, or its outcome refused): nothing written."""
+    SUSPENDED = "suspended"
+    """Its run wrote the job waiting (rota.durable): nothing to write, not counted."""
 
 
 class Event(enum.StrEnum):
@@ -77,6 +84,8 @@ class Event(enum.StrEnum):
     WRITTEN = "written"
     GIVEN_BACK = "given back"
     LOST = "lost"
+    SUSPENDED = "suspended"
+    """Its outcome says the run wrote the job waiting: settled with nothing written."""
 
 
 Stop = Event
@@ -101,6 +110,7 @@ MOVES: dict[tuple[State, Event], State] = {
     (E, Event.WRITTEN): State.WRITTEN,
     (E, Event.GIVEN_BACK): State.GIVEN_BACK,
     (E, Event.LOST): State.LOST,
+    (E, Event.SUSPENDED): State.SUSPENDED,
 }
 """The only moves: (state, event) -> the next state. Anything else is illegal."""
 
@@ -227,7 +237,7 @@ class Attempts:
         elif to is S:
             count[S] += 1
             record.signal_stop()
-        else:  # an end: written, given back or lost
+        else:  # an end: written, given back, lost or suspended
             del self._held[record]
             self.settled_total += 1
             self.settled(record)

@@ -26,8 +26,8 @@ from typing import Any
 from rota import db, limits, tracing
 from rota.attempt import Attempt
 from rota.decoding import Unreadable
-from rota.errors import Cancelled, Permanent, Retry
-from rota.handlers import Context, Handler
+from rota.errors import Cancelled, Permanent, Retry, Suspended
+from rota.handlers import Context, Handler, acall
 from rota.jobs import Job, Outcome
 from rota.retry import backoff_seconds, describe_error
 from rota.settings import BackoffSettings
@@ -86,9 +86,8 @@ async def run_attempt(
             if handler is None:
                 raise Permanent(f"no handler registered for job type {job.type!r}")
             if handler.is_async:
-                args = (job, context) if handler.wants_context else (job,)
                 execution.start_clock()
-                value = await handler.func(*args)
+                value = await acall(handler, job, context)
             else:
                 value = await run_sync(handler, job, context, execution.start_clock)
             result = None if value is None else limits.encode_result(value)
@@ -164,6 +163,8 @@ def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:
 
 def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> Attempt:
     """What a handler's exception means for its job."""
+    if isinstance(exc, Suspended):  # the run wrote the job waiting: nothing to write
+        return Attempt(job.id, job.attempts, Outcome.WAITING)
     if isinstance(exc, Permanent):
         return Attempt(job.id, job.attempts, Outcome.FAILED, error=describe_error(exc))
     if db.is_unavailable(exc) and job.releases < MAX_RELEASES:

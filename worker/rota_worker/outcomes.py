@@ -31,6 +31,10 @@ log = logging.getLogger("rota.worker")
 
 _WORTH_A_WARNING = frozenset({Outcome.RETRY, Outcome.DEAD, Outcome.FAILED})
 
+_NOTHING_TO_WRITE = frozenset({Outcome.LEASE_LOST, Outcome.WAITING})
+"""Outcomes with nothing left to write: a lost lease, and a job its run suspended
+(rota.durable wrote it waiting, conditional on the lease, before the attempt ended)."""
+
 
 class OutcomeBuffer:
     def __init__(
@@ -132,8 +136,9 @@ class OutcomeBuffer:
 
     @staticmethod
     def to_write(batch: list[Execution]) -> list[Attempt]:
-        """The outcomes of `batch` that have something to write (a lost lease has not)."""
-        return [a for a in map(_outcome, batch) if a.outcome is not Outcome.LEASE_LOST]
+        """The outcomes of `batch` that have something to write (a lost lease has not,
+        nor has a job its run suspended)."""
+        return [a for a in map(_outcome, batch) if a.outcome not in _NOTHING_TO_WRITE]
 
     async def flush(self, link: Link) -> None:
         """Write one batch on its own and account for every attempt in it."""
@@ -215,7 +220,11 @@ class OutcomeBuffer:
         return outcome
 
 
-_EVENT_OF = {Outcome.LEASE_LOST: Event.LOST, Outcome.RELEASED: Event.GIVEN_BACK}
+_EVENT_OF = {
+    Outcome.LEASE_LOST: Event.LOST,
+    Outcome.RELEASED: Event.GIVEN_BACK,
+    Outcome.WAITING: Event.SUSPENDED,
+}
 """How a record is settled, by its final outcome (any other: WRITTEN)."""
 
 
@@ -268,6 +277,8 @@ def _final(attempt: Attempt, status: Status | None, lost: bool) -> Outcome:
     """What became of an attempt once the database had its say."""
     if lost or attempt.outcome is Outcome.LEASE_LOST:
         return Outcome.LEASE_LOST
+    if attempt.outcome is Outcome.WAITING:
+        return Outcome.WAITING  # written by the run itself
     if status is None:
         return Outcome.DONE  # completed by the handler in its own transaction
     if status is Status.DEAD:

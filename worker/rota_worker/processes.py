@@ -27,7 +27,7 @@ from typing import Any
 
 from rota import limits
 from rota.claim import Attempt
-from rota.handlers import Context, Handler, registered
+from rota.handlers import Context, Handler, call, registered
 from rota.jobs import Job, Outcome
 from rota.settings import BackoffSettings
 from rota_worker.execute import Decided, outcome_of_error
@@ -71,9 +71,8 @@ def _child_main(
         job = Job(**row)
         current[:] = [job]
         handler = handlers[job.type]
-        args = (job, context) if handler.wants_context else (job,)
         try:
-            value = handler.func(*args)
+            value = call(handler, job, context)
             reply: Attempt | None = None
             if value is not None:
                 result = limits.encode_result(value)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from rota import handlers
 from rota.handlers import Context, Handler
 from rota.jobs import Job
 
@@ -49,11 +50,10 @@ class ThreadRunner:
     async def __call__(
         self, handler: Handler, job: Job, context: Context, started: Callable[[], None]
     ) -> Any:
-        args = (job, context) if handler.wants_context else (job,)
         started()
         # In a copy of this task's context, as asyncio.to_thread does: the handler's
         # own spans (OpenTelemetry) are children of its attempt's.
-        call = functools.partial(handler.func, *args)
+        call = functools.partial(handlers.call, handler, job, context)
         future = self._pool.submit(contextvars.copy_context().run, call)
         waited = asyncio.wrap_future(future)
         try:

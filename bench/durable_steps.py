@@ -1,0 +1,425 @@
+"""Ten-step durable jobs in Rota, DBOS and Absurd, on one PostgreSQL.
+
+    make bench-durable                  (BENCH_DURABLE_ARGS="--jobs 300" for a short run)
+
+Each system gets a database of its own on one embedded server, its schema
+installed as its documentation says (Rota: `rota migrate`; DBOS: launched on
+its system database; Absurd: `absurdctl init` and `create-queue`), and the same
+job: ten steps in a row whose functions do nothing, so that what is measured is
+what a step costs, its checkpoint. Two measurements:
+
+- Checkpoint latency: one worker process running one job at a time; every step
+  call timed inside the handler (the first step of a job includes reading what
+  the job stored before, as each system does). p50 and p99 in milliseconds.
+- Throughput: three worker processes (Absurd's measured setup), jobs enqueued in
+  advance. Steps per second between 5 % and 100 % of the jobs done (worker
+  start-up left out), and the server's CPU per step over the same window
+  (bench.server: the postmaster and its children, from /proc).
+
+The worker processes of the peers are this module's entry points:
+
+    python -m bench.durable_steps dbos-worker DSN OUT CONCURRENCY
+    python -m bench.durable_steps absurd-worker DSN OUT CONCURRENCY
+
+Rota's is `rota worker --handlers bench.durable_steps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import rota
+
+STEPS = 10
+WORKERS = 3
+OUT_ENV = "BENCH_DURABLE_OUT"
+
+
+def _noop() -> int:
+    return 1
+
+
+def _record(times: list[float]) -> None:
+    """Append one job's step times (seconds) to this process's file."""
+    path = os.environ.get(OUT_ENV)
+    if path:
+        with open(f"{path}.{os.getpid()}", "a") as out:
+            out.write(" ".join(f"{t:.9f}" for t in times) + "\n")
+
+
+@rota.handler("bench.ten.steps")
+def ten_steps(job: rota.Job, ctx: rota.Context) -> None:
+    times = []
+    for i in range(STEPS):
+        began = time.perf_counter()
+        ctx.step(f"s{i}", _noop)
+        times.append(time.perf_counter() - began)
+    _record(times)
+
+
+# -- the peers' workers -----------------------------------------------------------
+
+
+def dbos_worker(dsn: str, out: str, concurrency: int) -> None:
+    from dbos import DBOS
+
+    os.environ[OUT_ENV] = out
+    DBOS(
+        config={
+            "name": "bench",
+            "system_database_url": _sqlalchemy_url(dsn),
+            "application_version": "bench",
+            "log_level": "WARNING",
+        }
+    )
+
+    @DBOS.step(name="noop")
+    def noop() -> int:
+        return 1
+
+    @DBOS.workflow(name="ten")
+    def ten() -> None:
+        times = []
+        for _ in range(STEPS):
+            began = time.perf_counter()
+            noop()
+            times.append(time.perf_counter() - began)
+        _record(times)
+
+    DBOS.launch()
+    DBOS.register_queue(
+        "bench",
+        worker_concurrency=concurrency,
+        polling_interval_sec=0.05,
+        on_conflict="always_update",
+    )
+    Path(f"{out}.ready").touch()  # launched: the schema is migrated, the queue registered
+    while True:
+        time.sleep(3600)
+
+
+def absurd_worker(dsn: str, out: str, concurrency: int) -> None:
+    from absurd_sdk import Absurd
+
+    os.environ[OUT_ENV] = out
+    app = Absurd(dsn, queue_name="default")
+
+    @app.register_task(name="ten")
+    def ten(params: Any, ctx: Any) -> None:
+        times = []
+        for i in range(STEPS):
+            began = time.perf_counter()
+            ctx.step(f"s{i}", _noop)
+            times.append(time.perf_counter() - began)
+        _record(times)
+
+    app.start_worker(concurrency=concurrency, poll_interval=0.05)
+
+
+def _sqlalchemy_url(dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    p = conninfo_to_dict(dsn)
+    return (
+        f"postgresql+psycopg://{p.get('user', 'postgres')}@{p.get('host', 'localhost')}:"
+        f"{p.get('port', 5432)}/{p['dbname']}"
+    )
+
+
+# -- one system -------------------------------------------------------------------
+
+
+class System:
+    name: str
+    done_sql: str
+
+    def __init__(self, dsn: str, bindir: Path) -> None:
+        self.dsn = dsn
+        self.bindir = bindir
+
+    def install(self) -> None:
+        raise NotImplementedError
+
+    def enqueue(self, jobs: int) -> None:
+        raise NotImplementedError
+
+    def worker(self, out: str, concurrency: int) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def done(self, conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(self.done_sql.encode()).fetchone()
+        return int(row[0]) if row else 0
+
+    def reset(self) -> None:
+        """Forget the jobs of the previous measurement."""
+
+
+def _spawn(
+    argv: list[str], env: dict[str, str] | None = None, log: str = os.devnull
+) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+class Rota(System):
+    name = "rota"
+    done_sql = "SELECT count(*) FROM rota.job WHERE status = 'done'"
+
+    def install(self) -> None:
+        rota.migrate(self.dsn)
+
+    def enqueue(self, jobs: int) -> None:
+        rota.enqueue_many(self.dsn, [rota.NewJob("bench.ten.steps") for _ in range(jobs)])
+
+    def worker(self, out: str, concurrency: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "rota", "worker", "--handlers", "bench.durable_steps"]
+        argv += ["--concurrency", str(concurrency), "--no-scheduler", "--poll-interval", "0.05"]
+        return _spawn(argv, {"ROTA_DATABASE_URL": self.dsn, OUT_ENV: out})
+
+    def reset(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM rota.job")
+
+
+class Dbos(System):
+    name = "dbos"
+    done_sql = "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+
+    def install(self) -> None:
+        # DBOS creates its system database schema on launch: one worker started
+        # and stopped installs it.
+        out = f"{tempfile.gettempdir()}/dbos-install-{os.getpid()}"
+        worker = self.worker(out, 1)
+        try:
+            _wait(lambda: Path(f"{out}.ready").exists(), 120, "DBOS to launch")
+        finally:
+            _stop([worker])
+
+    def enqueue(self, jobs: int) -> None:
+        from dbos import DBOSClient
+
+        client = DBOSClient(system_database_url=_sqlalchemy_url(self.dsn))
+        try:
+            for _ in range(jobs):
+                client.enqueue(
+                    {"workflow_name": "ten", "queue_name": "bench", "app_version": "bench"}
+                )
+        finally:
+            client.destroy()
+
+    def worker(self, out: str, concurrency: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "bench.durable_steps", "dbos-worker", self.dsn, out]
+        return _spawn([*argv, str(concurrency)], log=f"{out}.log")
+
+    def reset(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM dbos.workflow_status")
+
+
+class Absurd(System):
+    name = "absurd"
+    done_sql = "SELECT count(*) FROM absurd.t_default WHERE state = 'completed'"
+
+    def install(self) -> None:
+        ctl = str(self.bindir / "absurdctl")
+        subprocess.run([ctl, "init", "-d", _uri(self.dsn)], check=True, capture_output=True)
+        subprocess.run(
+            [ctl, "create-queue", "-d", _uri(self.dsn), "default"], check=True, capture_output=True
+        )
+
+    def enqueue(self, jobs: int) -> None:
+        from absurd_sdk import Absurd as Client
+
+        app = Client(self.dsn, queue_name="default")
+        for _ in range(jobs):
+            app.spawn("ten", {}, queue="default")
+        app.close()
+
+    def worker(self, out: str, concurrency: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "bench.durable_steps", "absurd-worker", self.dsn, out]
+        return _spawn([*argv, str(concurrency)])
+
+    def reset(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("SELECT absurd.drop_queue('default')")
+            conn.execute("SELECT absurd.create_queue('default')")
+
+
+def _uri(dsn: str) -> str:
+    return _sqlalchemy_url(dsn).replace("postgresql+psycopg://", "postgresql://")
+
+
+def _exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    return bool(row and row[0])
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
+    for w in workers:
+        if w.poll() is None:
+            w.terminate()
+    for w in workers:
+        try:
+            w.wait(30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait(30)
+
+
+def _times(out: str) -> list[float]:
+    found = []
+    folder, prefix = os.path.split(out)
+    for entry in os.scandir(folder):
+        if entry.name.startswith(prefix + "."):
+            for line in Path(entry.path).read_text().splitlines():
+                found += [float(t) for t in line.split()]
+    return found
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# -- the two measurements ---------------------------------------------------------
+
+
+def latency(system: System, jobs: int, tmp: str) -> dict[str, float]:
+    system.reset()
+    system.enqueue(jobs)
+    out = f"{tmp}/{system.name}-latency"
+    worker = system.worker(out, 1)
+    try:
+        with psycopg.connect(system.dsn, autocommit=True) as conn:
+            _wait(lambda: system.done(conn) >= jobs, 600, f"{system.name}'s latency jobs")
+    finally:
+        _stop([worker])
+    times = [t * 1000 for t in _times(out)]
+    return {
+        "steps": len(times),
+        "p50_ms": percentile(times, 0.50),
+        "p99_ms": percentile(times, 0.99),
+        "mean_ms": statistics.fmean(times),
+    }
+
+
+def throughput(
+    system: System, jobs: int, concurrency: int, tmp: str, server: Any
+) -> dict[str, float]:
+    system.reset()
+    system.enqueue(jobs)
+    out = f"{tmp}/{system.name}-throughput"
+    workers = [system.worker(out, concurrency) for _ in range(WORKERS)]
+    try:
+        with psycopg.connect(system.dsn, autocommit=True) as conn:
+            first = max(1, jobs // 20)
+            _wait(lambda: system.done(conn) >= first, 600, f"{system.name}'s first jobs")
+            began, cpu0, done0 = time.perf_counter(), server.read().cpu_seconds, system.done(conn)
+            _wait(lambda: system.done(conn) >= jobs, 900, f"{system.name}'s jobs")
+            ended, cpu1 = time.perf_counter(), server.read().cpu_seconds
+    finally:
+        _stop(workers)
+    steps = (jobs - done0) * STEPS
+    return {
+        "steps": steps,
+        "steps_per_second": steps / (ended - began),
+        "server_cpu_ms_per_step": 1000 * (cpu1 - cpu0) / steps,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.server import Server
+    from rota.testing import EmbeddedPostgres
+
+    bindir = Path(sys.executable).parent
+    results: dict[str, Any] = {}
+    with EmbeddedPostgres(durable=True) as pg, tempfile.TemporaryDirectory() as tmp:
+        server = Server(pg.data, pg.url())
+        results["about"] = {
+            "postgres": server.version(),
+            "python": platform.python_version(),
+            "cores": len(os.sched_getaffinity(0)),
+            "jobs": args.jobs,
+            "latency_jobs": args.latency_jobs,
+            "workers": WORKERS,
+            "concurrency": args.concurrency,
+        }
+        for cls in (Rota, Dbos, Absurd):
+            if cls.name not in args.only:
+                continue
+            system = cls(pg.create_database(f"bench_{cls.name}"), bindir)
+            print(f"... {cls.name}: install", file=sys.stderr, flush=True)
+            system.install()
+            print(f"... {cls.name}: latency", file=sys.stderr, flush=True)
+            measured = {"latency": latency(system, args.latency_jobs, tmp)}
+            print(f"... {cls.name}: throughput", file=sys.stderr, flush=True)
+            measured["throughput"] = throughput(system, args.jobs, args.concurrency, tmp, server)
+            results[cls.name] = measured
+        results["about"]["load_average_at_end"] = list(os.getloadavg())
+        server.close()
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        f"PostgreSQL {results['about']['postgres']}, Python {results['about']['python']},"
+        f" {results['about']['cores']} cores",
+        "",
+        "| | step p50 ms | step p99 ms | steps/s (3 workers) | server CPU ms/step |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ("rota", "dbos", "absurd"):
+        if name in results:
+            lat, thr = results[name]["latency"], results[name]["throughput"]
+            lines.append(
+                f"| {name} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} |"
+                f" {thr['steps_per_second']:.0f} | {thr['server_cpu_ms_per_step']:.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("dbos-worker", "absurd-worker"):
+        entry = dbos_worker if argv[0] == "dbos-worker" else absurd_worker
+        entry(argv[1], argv[2], int(argv[3]))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.durable_steps")
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs of the throughput run")
+    parser.add_argument("--latency-jobs", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=8, help="per worker process")
+    parser.add_argument("--only", nargs="+", default=["rota", "dbos", "absurd"])
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args(argv)
+    results = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(report(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

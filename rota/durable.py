@@ -1,0 +1,358 @@
+"""Durable jobs: the database side of a handler's steps, sleeps, waits and children.
+
+A handler runs from the top on every attempt; nothing is replayed. What a run
+did before is read back: a completed step answers from ``rota.job_step``, a
+sleep or wait that ended says how it ended (``rota.job_wait``), a spawn finds
+the child it made (``rota.job_child``). So the code may change between runs,
+and a loop names its steps (``f"charge-{i}"``).
+
+`Run` is one attempt's view, made by the worker for each job it runs (see
+`rota.handlers.Context`). Its writes are conditional on the job's lease, like
+outcomes: a worker that lost its lease stores nothing (`LeaseLost`). A step
+runs in a transaction of the run's connection (`Run.conn`): what the step
+writes through it commits with the step's result, once, or not at all.
+
+A sleep, wait or gather whose condition is not met suspends the job in one
+statement (`rota.suspend`, migration 0025): status waiting, the attempt not
+counted, the lease let go. Then `Suspended` ends the attempt and the worker
+frees the slot. This module never decides an attempt's outcome itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import pq
+from psycopg.types.json import Jsonb
+
+from rota import limits, sql
+from rota.db import Conn, ConnOrDsn, connect, connection, errors_wrapped, fetch_all
+from rota.errors import ChildFailed, InvalidInput, LeaseLost, Permanent, Suspended, TimedOut
+from rota.jobs import Job, Status
+from rota.settings import QueueSettings
+
+_DEFAULTS = QueueSettings()
+
+CHILD_OPTIONS = frozenset({"run_at", "delay", "max_attempts", "priority", "timeout", "group"})
+"""What `spawn` passes on to its child, as `rota.enqueue` takes it."""
+
+
+def emit(conn_or_dsn: ConnOrDsn, key: str, payload: Any = None) -> int:
+    """Emit the event `key`: every job waiting on it is ready again, and a later
+    `wait_for(key)` returns `payload` at once. The first emit of a key wins; a
+    later one changes nothing. Returns the number of jobs woken. Inside the
+    caller's transaction when given a connection (nothing committed for it)."""
+    limits.name(key, "event key")
+    encoded = limits.encode_payload(payload)
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("emit"), {"key": key, "payload": encoded})
+    return int(rows[0]["woken"])
+
+
+def wake_due(conn_or_dsn: ConnOrDsn, now: datetime | None = None, limit: int = 1000) -> list[int]:
+    """Make the waiting jobs whose time has come ready again (one capped batch):
+    sleeps that ended, waits that timed out. The reaper calls it on every pass."""
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("wake_due"), {"now": now, "limit": limit})
+    return [row["id"] for row in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trail:
+    """What a durable job did so far: for `rota jobs show` and the console's job page."""
+
+    steps: list[dict[str, Any]]
+    """name, attempt, started_at, finished_at, result_bytes, result (the first 200 characters)."""
+    waits: list[dict[str, Any]]
+    """name, kind, event_key, children (how many), until, started_at, ended_at, ended_by."""
+    children: list[dict[str, Any]]
+    """name, id, status, type (status and type None once the child is gone)."""
+    parent_id: int | None = None
+    """The job that spawned this one, if one did."""
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.waits or self.children or self.parent_id)
+
+
+def trail(conn_or_dsn: ConnOrDsn, job_id: int) -> Trail:
+    """The steps, waits and children of a job (empty lists for a job that has none)."""
+    params = {"job": job_id}
+    with connection(conn_or_dsn) as conn:
+        parent = fetch_all(conn, sql.query("job_parent"), params)
+        return Trail(
+            steps=fetch_all(conn, sql.query("job_steps"), params),
+            waits=fetch_all(conn, sql.query("job_waits"), params),
+            children=fetch_all(conn, sql.query("job_children"), params),
+            parent_id=parent[0]["parent_id"] if parent else None,
+        )
+
+
+class Run:
+    """One attempt of one job, as its handler's durable calls see it."""
+
+    def __init__(self, dsn: str, worker_id: str, job: Job) -> None:
+        self.dsn = dsn
+        self.worker_id = worker_id
+        self.job = job
+        self._conn: Conn | None = None
+        self._stored: dict[str, Any] | None = None
+        self._names: set[str] = set()
+        self._counts = {"sleep": 0, "gather": 0, "spawn": 0}
+        self._in_step = False
+
+    @property
+    def conn(self) -> Conn:
+        """The run's connection (not autocommit). Inside a step, what is written
+        through it commits with the step's result; elsewhere commit it yourself."""
+        if self._conn is None:
+            self._conn = connect(self.dsn, autocommit=False)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # Steps
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` once per job and `name`; its stored result after."""
+        found, value = self._begin_step(name)
+        if found:
+            return value
+        started = time.perf_counter()
+        try:
+            value = fn(*args, **kwargs)
+            return self._end_step(name, value, started)
+        except BaseException:
+            self._abandon_step()
+            raise
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step` for async handlers: `fn` may be a coroutine function."""
+        found, value = await asyncio.to_thread(self._begin_step, name)
+        if found:
+            return value
+        started = time.perf_counter()
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+            return await asyncio.to_thread(self._end_step, name, value, started)
+        except BaseException:
+            await asyncio.to_thread(self._abandon_step)
+            raise
+
+    def _begin_step(self, name: str) -> tuple[bool, Any]:
+        self._name(name, "step")
+        if self._in_step:
+            raise Permanent(f"step {name!r} runs inside another step: steps do not nest")
+        if self._stored is None:
+            rows = self._read(sql.query("steps_of_job"), {"job": self.job.id})
+            self._stored = {row["name"]: row["result"] for row in rows}
+        if name in self._stored:
+            return True, self._stored[name]
+        self._in_step = True
+        return False, None
+
+    def _end_step(self, name: str, value: Any, started: float) -> Any:
+        encoded = limits.encode_result(value)
+        params = {
+            "job": self.job.id,
+            "name": name,
+            "result": encoded,
+            "attempt": self.job.attempts,
+            "worker": self.worker_id,
+            "seconds": time.perf_counter() - started,
+            "now": None,
+        }
+        self._in_step = False
+        # The step's writes (if it made any through `conn`) and its result commit
+        # together; a step that wrote nothing stores its result in one round trip.
+        rows = self._write(sql.query("save_step"), params, none_undoes=True)
+        if not rows:
+            raise LeaseLost(f"job {self.job.id}: lease lost before step {name!r} was stored")
+        stored = json.loads(encoded)
+        assert self._stored is not None
+        self._stored[name] = stored
+        return stored
+
+    def _abandon_step(self) -> None:
+        self._in_step = False
+        if self._conn is not None:
+            with errors_wrapped():
+                self._conn.rollback()
+
+    # Waits
+
+    def sleep(self, seconds: float) -> None:
+        """Leave the worker for `seconds` (the job waits); return once they have passed."""
+        seconds = limits.delay_seconds(seconds, "sleep")
+        self._wait(f"sleep:{self._next('sleep')}", "sleep", seconds=seconds)
+
+    def wait_for(self, key: str, timeout: float | None = None) -> Any:
+        """The payload of the first emit of `key`, waiting (job waiting) until it comes;
+        `TimedOut` once `timeout` seconds have passed since the job first waited on it."""
+        limits.name(key, "event key")
+        if timeout is not None:
+            timeout = limits.delay_seconds(timeout, "wait timeout")
+        self._wait(f"event:{key}", "event", key=key, seconds=timeout)
+        rows = self._read(sql.query("event_payload"), {"key": key})
+        if rows[0]["emitted"]:
+            return rows[0]["payload"]
+        # Its time came first (or the event was emitted so long ago that the
+        # archive has deleted it since).
+        raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout else None)
+
+    def spawn(
+        self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
+    ) -> int:
+        """Enqueue a child once per this job and `name` (default: the n-th spawn of
+        the run); its id, the same on every run."""
+        count = self._next("spawn")
+        name = limits.name(str(count) if name is None else name, "spawn name")
+        params = _child_params(self.job.id, name, job_type, payload, options)
+        rows = self._write(sql.query("spawn_child"), params)
+        if not rows:
+            rows = self._write(sql.query("child_of_name"), {"parent": self.job.id, "name": name})
+        return int(rows[0]["id"])
+
+    def gather(self, ids: Sequence[int]) -> list[Any]:
+        """The results of children `ids`, in order, once every one has ended;
+        `ChildFailed` for the first that did not end done."""
+        wanted = list(ids)
+        if not wanted:
+            return []
+        wanted = limits.job_ids(wanted, "child ids")
+        self._wait(f"gather:{self._next('gather')}", "children", children=wanted)
+        rows = self._read(sql.query("children_outcomes"), {"ids": wanted, "parent": self.job.id})
+        found = {row["id"]: row for row in rows}
+        results = []
+        for child in wanted:
+            row = found.get(child)
+            if row is None:
+                raise InvalidInput(f"job {child} is not a child of job {self.job.id}")
+            if row["status"] != Status.DONE:
+                raise ChildFailed(child, row["status"], row["last_error"])
+            results.append(None if row["result"] is None else json.loads(row["result"]))
+        return results
+
+    def _wait(
+        self,
+        name: str,
+        kind: str,
+        key: str | None = None,
+        children: list[int] | None = None,
+        seconds: float | None = None,
+    ) -> str:
+        """Suspend on the wait `name` unless it has ended; how it ended."""
+        if self._in_step:
+            raise Permanent(f"{name} inside a step: a step cannot wait")
+        if children is not None:
+            self._check_children(children)
+        params = {
+            "job": self.job.id,
+            "attempt": self.job.attempts,
+            "worker": self.worker_id,
+            "name": name,
+            "kind": kind,
+            "key": key,
+            "children": children,
+            "seconds": seconds,
+            "now": None,
+        }
+        state = str(self._write(sql.query("suspend"), params)[0]["state"])
+        if state == "lost":
+            raise LeaseLost(f"job {self.job.id}: lease lost before it could wait on {name}")
+        if state == "waiting":
+            raise Suspended(self.job.id, name)
+        return state
+
+    def _check_children(self, children: list[int]) -> None:
+        rows = self._read(sql.query("children_known"), {"parent": self.job.id, "ids": children})
+        known = {row["child_id"] for row in rows}
+        strangers = [child for child in children if child not in known]
+        if strangers:
+            raise InvalidInput(f"jobs {strangers} are not children of job {self.job.id}")
+
+    # Plumbing
+
+    def _name(self, name: str, what: str) -> None:
+        limits.name(name, f"{what} name")
+        if name in self._names:
+            raise Permanent(f"{what} name {name!r} used twice in one run of job {self.job.id}")
+        self._names.add(name)
+
+    def _next(self, what: str) -> int:
+        self._counts[what] += 1
+        return self._counts[what]
+
+    def _read(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run `query`; commit unless a step's transaction is open (no snapshot kept)."""
+        return self._write(query, params)
+
+    def _write(
+        self, query: str, params: dict[str, Any], *, none_undoes: bool = False
+    ) -> list[dict[str, Any]]:
+        """Run `query` and commit, with what the connection's open transaction
+        holds; inside a step, in the step's transaction, committed with it. With
+        `none_undoes`, an empty result rolls that transaction back instead (a
+        step's lease was lost). With no transaction open, the statement commits
+        by itself: one round trip, where BEGIN, the statement and COMMIT take three."""
+        conn = self.conn
+        with errors_wrapped():
+            if self._in_step:
+                return fetch_all(conn, query, params)
+            if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                conn.autocommit = True
+                try:
+                    return fetch_all(conn, query, params)
+                finally:
+                    conn.autocommit = False
+            rows = fetch_all(conn, query, params)
+            if rows or not none_undoes:
+                conn.commit()
+            else:
+                conn.rollback()
+            return rows
+
+
+def _child_params(
+    parent: int, name: str, job_type: str, payload: Any, options: dict[str, Any]
+) -> dict[str, Any]:
+    unknown = sorted(set(options) - CHILD_OPTIONS)
+    if unknown:
+        raise InvalidInput(
+            f"spawn takes {', '.join(sorted(CHILD_OPTIONS))} (not {', '.join(unknown)}):"
+            " a child is unique by its parent and name, never by a key"
+        )
+    limits.name(job_type, "job type")
+    run_at, delay = options.get("run_at"), options.get("delay")
+    if run_at is not None and delay is not None:
+        raise InvalidInput("give run_at or delay, not both")
+    priority = options.get("priority")
+    return {
+        "parent": parent,
+        "name": name,
+        "type": job_type,
+        "payload": Jsonb(payload, dumps=lambda _: limits.encode_payload(payload)),
+        "run_at": None if run_at is None else limits.instant(run_at, "run_at"),
+        "delay": None if delay is None else limits.delay_seconds(delay),
+        "max_attempts": _maybe(limits.whole, options.get("max_attempts"), "max_attempts"),
+        "priority": 0 if priority is None else limits.priority(priority),
+        "timeout": _maybe(limits.timeout_seconds, options.get("timeout"), "timeout"),
+        "group": _maybe(limits.name, options.get("group"), "a group"),
+        "default_max_attempts": _DEFAULTS.default_max_attempts,
+        "now": None,
+    }
+
+
+def _maybe(check: Callable[[Any, str], Any], value: Any, what: str) -> Any:
+    return None if value is None else check(value, what)

@@ -1,0 +1,169 @@
+-- Durable jobs: steps, waits, events and children (migration 0025,
+-- rota/durable.py). A run's writes are conditional on its lease, as outcomes
+-- are: a worker whose lease was taken away stores nothing.
+
+-- name: steps_of_job
+-- Every completed step of a job, read once by a run before its first step.
+SELECT name, result FROM rota.job_step WHERE job_id = %(job)s
+
+-- name: save_step
+-- A step completed: stored once, in the transaction of whatever the step
+-- wrote through the run's connection, if the lease is still held. No row
+-- back: the lease is gone (or the step was stored already), roll back.
+INSERT INTO rota.job_step (job_id, name, result, attempt, started_at, finished_at)
+SELECT %(job)s, %(name)s, %(result)s::jsonb, %(attempt)s,
+       coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(seconds)s::float8),
+       coalesce(%(now)s::timestamptz, now())
+WHERE EXISTS (SELECT FROM rota.job
+              WHERE id = %(job)s AND status = 'running' AND locked_by = %(worker)s
+                AND attempts = %(attempt)s)
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING finished_at
+
+-- name: event_payload
+SELECT true AS emitted, payload FROM rota.job_event WHERE key = %(key)s
+UNION ALL
+SELECT false, NULL WHERE NOT EXISTS (SELECT FROM rota.job_event WHERE key = %(key)s)
+
+-- name: children_known
+SELECT child_id FROM rota.job_child
+WHERE parent_id = %(parent)s AND child_id = ANY(%(ids)s::bigint[])
+
+-- name: suspend
+SELECT rota.suspend(%(job)s, %(attempt)s, %(worker)s, %(name)s, %(kind)s, %(key)s,
+                    %(children)s::bigint[], %(seconds)s::float8,
+                    %(now)s::timestamptz) AS state
+
+-- name: emit
+SELECT rota.emit(%(key)s, %(payload)s::jsonb) AS woken
+
+-- name: spawn_child
+-- A child, once per parent and name: the name's row in rota.job_child is
+-- taken with the child's id drawn up front, and the child is made only by
+-- the statement that took it. No row back: the name was taken before
+-- (child_of_name says by which child).
+WITH taken AS (
+    INSERT INTO rota.job_child (parent_id, name, child_id)
+    VALUES (%(parent)s, %(name)s, nextval(pg_get_serial_sequence('rota.job', 'id')))
+    ON CONFLICT (parent_id, name) DO NOTHING
+    RETURNING child_id
+)
+INSERT INTO rota.job (id, type, payload, run_at, max_attempts, priority, timeout_seconds,
+                      created_at, group_key, parent_id)
+OVERRIDING SYSTEM VALUE
+SELECT taken.child_id, %(type)s, %(payload)s,
+       coalesce(%(run_at)s::timestamptz,
+                coalesce(%(now)s::timestamptz, now())
+                + make_interval(secs => coalesce(%(delay)s::float8, 0))),
+       coalesce(%(max_attempts)s::int, %(default_max_attempts)s),
+       %(priority)s::smallint, %(timeout)s::float8,
+       coalesce(%(now)s::timestamptz, now()),
+       %(group)s::text, %(parent)s
+FROM taken
+RETURNING id
+
+-- name: child_of_name
+SELECT child_id AS id FROM rota.job_child WHERE parent_id = %(parent)s AND name = %(name)s
+
+-- name: children_outcomes
+-- The status, result and last error of some children, from rota.job or,
+-- once archived, the archive (results as text: decoded by Rota).
+SELECT id, status, result::text AS result, last_error FROM rota.job
+WHERE id = ANY(%(ids)s::bigint[]) AND parent_id = %(parent)s
+UNION ALL
+SELECT a.id, a.status, a.result::text, a.last_error FROM rota.job_archive AS a
+WHERE a.id = ANY(%(ids)s::bigint[])
+  AND NOT EXISTS (SELECT FROM rota.job AS j WHERE j.id = a.id)
+  AND EXISTS (SELECT FROM rota.job_child AS c
+              WHERE c.parent_id = %(parent)s AND c.child_id = a.id)
+
+-- name: wake_due
+-- Waiting jobs whose time has come are ready again (a sleep ended, a wait
+-- timed out): one capped batch, oldest first, through job_waiting_idx, under
+-- SKIP LOCKED so that several passes never wait on each other. Their waits
+-- that reached their deadline end by 'time' (the run that comes back reads
+-- it: a sleep done, a wait timed out). Idle workers are woken.
+WITH due AS (
+    SELECT id FROM rota.job
+    WHERE status = 'waiting' AND run_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+woken AS (
+    -- Due since run_at, which is in the past unless a test's clock runs ahead
+    -- (then due now, by the database clock that the claim reads).
+    UPDATE rota.job AS j SET status = 'ready', run_at = least(j.run_at, now())
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING j.id, j.type
+),
+ended AS (
+    UPDATE rota.job_wait AS w
+    SET ended_at = coalesce(%(now)s::timestamptz, now()), ended_by = 'time'
+    FROM woken
+    WHERE w.job_id = woken.id AND w.ended_at IS NULL
+      AND w.until <= coalesce(%(now)s::timestamptz, now())
+),
+notified AS (
+    SELECT pg_notify('rota_jobs', '') WHERE EXISTS (SELECT FROM woken)
+)
+SELECT id, type FROM woken LEFT JOIN notified ON true
+
+-- name: job_steps
+-- A job's steps for `rota jobs show` and the console, in the order they ended.
+SELECT name, attempt, started_at, finished_at,
+       octet_length(result::text) AS result_bytes, left(result::text, 200) AS result
+FROM rota.job_step WHERE job_id = %(job)s
+ORDER BY finished_at, name
+
+-- name: job_waits
+SELECT name, kind, event_key, cardinality(children) AS children, until, started_at,
+       ended_at, ended_by
+FROM rota.job_wait WHERE job_id = %(job)s
+ORDER BY started_at, name
+
+-- name: job_children
+-- A parent's children with their status (archived ones from the archive).
+SELECT c.name, c.child_id AS id,
+       coalesce(j.status, a.status) AS status, coalesce(j.type, a.type) AS type
+FROM rota.job_child AS c
+LEFT JOIN rota.job AS j ON j.id = c.child_id
+LEFT JOIN rota.job_archive AS a ON j.id IS NULL AND a.id = c.child_id
+WHERE c.parent_id = %(job)s
+ORDER BY c.child_id
+
+-- name: job_parent
+SELECT parent_id FROM rota.job WHERE id = %(job)s
+
+-- name: delete_old_events
+-- Events emitted longer ago than the retention, oldest first
+-- (job_event_emitted_idx), in capped batches like the archive's moves.
+WITH picked AS (
+    SELECT key FROM rota.job_event
+    WHERE emitted_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
+    ORDER BY emitted_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM rota.job_event AS e USING picked WHERE e.key = picked.key RETURNING 1
+)
+SELECT count(*) AS moved FROM deleted
+
+-- name: cancel_waiting_of_type
+-- `jobs cancel --type`: one capped batch of the type's waiting jobs, through
+-- job_waiting_idx (the waiting rows only), ended cancelled as ready ones are.
+WITH target AS (
+    SELECT id FROM rota.job
+    WHERE status = 'waiting' AND type = %(type)s::text
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE
+)
+UPDATE rota.job AS j
+SET status = 'cancelled',
+    cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    last_error = coalesce(j.last_error, 'Cancelled: while it waited')
+WHERE j.id = ANY(ARRAY(SELECT id FROM target))
+RETURNING j.id

@@ -1,0 +1,113 @@
+"""Children: spawned once per parent and name, gathered once every one has ended."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+
+import rota
+from rota.jobs import Job
+from tests.durable.helpers import handlers, row, running, until_status
+
+ran: collections.Counter[str] = collections.Counter()
+"""Effects of this module's steps, by job and step (each test starts from none)."""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts() -> None:
+    ran.clear()
+
+
+def fan_out(job: Job, ctx: rota.Context) -> Any:
+    ids = [ctx.spawn("double", {"n": n}) for n in range(job.payload["children"])]
+    results = ctx.gather(ids)
+    ctx.step("sum", lambda: ran.update([f"{job.id}:sum"]))
+    return sum(results)
+
+
+def double(job: Job, ctx: rota.Context) -> Any:
+    return 2 * job.payload["n"]
+
+
+def compensates(job: Job, ctx: rota.Context) -> Any:
+    ok = ctx.spawn("double", {"n": 1}, name="fine")
+    bad = ctx.spawn("breaks", name="broken", max_attempts=1)
+    try:
+        ctx.gather([ok, bad])
+    except rota.ChildFailed as failed:
+        return {"compensated": failed.child_id, "status": failed.status}
+    return "no failure"
+
+
+def breaks(job: Job, ctx: rota.Context) -> Any:
+    raise rota.Permanent("out of stock")
+
+
+def waits_on_late_children(job: Job, ctx: rota.Context) -> Any:
+    late = [ctx.spawn("double", {"n": n}, delay=3600) for n in range(2)]
+    return ctx.gather(late)
+
+
+HANDLERS = handlers(
+    fan_out=fan_out,
+    double=double,
+    compensates=compensates,
+    breaks=breaks,
+    waits_on_late_children=waits_on_late_children,
+)
+
+
+def test_children_fan_in_to_their_parent(conn, db_url) -> None:
+    parent = rota.enqueue(conn, "fan.out", {"children": 3})
+    with running(db_url, HANDLERS, concurrency=2):
+        done = until_status(conn, parent, "done")
+    assert done["result"] == 2 * (0 + 1 + 2)
+    children = conn.execute(
+        "SELECT c.name, j.status FROM rota.job_child c JOIN rota.job j ON j.id = c.child_id"
+        " WHERE c.parent_id = %s ORDER BY c.name",
+        (parent,),
+    ).fetchall()
+    assert [(c["name"], c["status"]) for c in children] == [
+        ("1", "done"),
+        ("2", "done"),
+        ("3", "done"),
+    ]
+    assert ran[f"{parent}:sum"] == 1
+
+
+def test_a_thousand_children_fan_in_exactly_once(conn, db_url) -> None:
+    parent = rota.enqueue(conn, "fan.out", {"children": 1000})
+    with running(db_url, HANDLERS, concurrency=8):
+        done = until_status(conn, parent, "done")
+    assert done["result"] == 2 * sum(range(1000))
+    assert ran[f"{parent}:sum"] == 1
+    counts = conn.execute(
+        "SELECT count(*) AS n, count(DISTINCT id) AS ids, min(attempts) AS lo, max(attempts) AS hi"
+        " FROM rota.job WHERE parent_id = %s",
+        (parent,),
+    ).fetchone()
+    assert (counts["n"], counts["ids"], counts["lo"], counts["hi"]) == (1000, 1000, 1, 1)
+
+
+def test_a_dead_child_raises_child_failed_in_its_parent(conn, db_url) -> None:
+    parent = rota.enqueue(conn, "compensates")
+    with running(db_url, HANDLERS, concurrency=2):
+        done = until_status(conn, parent, "done")
+    broken = conn.execute(
+        "SELECT child_id FROM rota.job_child WHERE parent_id = %s AND name = 'broken'", (parent,)
+    ).fetchone()["child_id"]
+    assert done["result"] == {"compensated": broken, "status": "failed"}
+
+
+def test_cancelling_a_parent_cancels_its_children(conn, db_url) -> None:
+    parent = rota.enqueue(conn, "waits.on.late.children")
+    with running(db_url, HANDLERS, concurrency=1):
+        until_status(conn, parent, "waiting")
+    children = [
+        r["id"] for r in conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (parent,))
+    ]
+    assert len(children) == 2
+    assert rota.cancel(conn, [parent]).ended == sorted([parent, *children])
+    assert {row(conn, j)["status"] for j in [parent, *children]} == {"cancelled"}

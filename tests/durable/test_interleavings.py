@@ -1,0 +1,101 @@
+"""The races of waits, with the interleavings held by hand: an emit or a child's
+end that commits while its job is suspending is never lost, whichever of the
+two transactions takes the lock first."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from tests.acceptance.procs import wait_for
+from tests.durable.helpers import row
+
+SUSPEND = "SELECT rota.suspend(%s, 1, 'w', %s, %s, %s, %s::bigint[], NULL, NULL) AS state"
+
+
+def _running_job(conn: Any, parent: int | None = None) -> int:
+    found = conn.execute(
+        "INSERT INTO rota.job (type, status, locked_by, locked_until, attempts, run_at, parent_id)"
+        " VALUES ('t', 'running', 'w', now() + interval '1 hour', 1, now(), %s) RETURNING id",
+        (parent,),
+    ).fetchone()
+    return int(found["id"])
+
+
+def _blocked(conn: Any, pid: int) -> Callable[[], bool]:
+    query = "SELECT wait_event_type = 'Lock' AS blocked FROM pg_stat_activity WHERE pid = %s"
+    return lambda: bool(conn.execute(query, (pid,)).fetchone()["blocked"])
+
+
+def _in_thread(db_url: str, query: str, params: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+    """Run `query` on a connection of its own in a thread; its pid and, once it
+    returns, its row (under "row")."""
+    other = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
+    out: dict[str, Any] = {"pid": other.info.backend_pid}
+
+    def run() -> None:
+        with other:
+            out["row"] = other.execute(query, params).fetchone()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_an_emit_committing_while_its_waiter_suspends_is_seen(conn, db_url) -> None:
+    job = _running_job(conn)
+    with psycopg.connect(db_url, row_factory=dict_row) as emitter:
+        emitter.execute("SELECT rota.emit('k', '1')")  # holds the key's lock, not committed
+        thread, out = _in_thread(db_url, SUSPEND, (job, "event:k", "event", "k", None))
+        wait_for(_blocked(conn, out["pid"]), what="the suspend to wait for the key's lock")
+        emitter.commit()
+    thread.join(30)
+    assert out["row"]["state"] == "event"  # it saw the event: the job runs on
+    assert row(conn, job)["status"] == "running"
+
+
+def test_a_suspend_committing_before_the_emit_is_woken_by_it(conn, db_url) -> None:
+    job = _running_job(conn)
+    with psycopg.connect(db_url, row_factory=dict_row) as waiter:
+        state = waiter.execute(SUSPEND, (job, "event:k", "event", "k", None)).fetchone()
+        assert state["state"] == "waiting"  # not committed: holds the key's lock
+        thread, out = _in_thread(db_url, "SELECT rota.emit('k', '1') AS woken", ())
+        wait_for(_blocked(conn, out["pid"]), what="the emit to wait for the key's lock")
+        waiter.commit()
+    thread.join(30)
+    assert out["row"]["woken"] == 1
+    assert row(conn, job)["status"] == "ready"
+
+
+def test_a_last_child_ending_while_its_parent_suspends_is_seen(conn, db_url) -> None:
+    parent = _running_job(conn)
+    child = _running_job(conn, parent)
+    with psycopg.connect(db_url, row_factory=dict_row) as ender:
+        # The child ends; its trigger holds the parent's row, not committed.
+        ender.execute("UPDATE rota.job SET status = 'done' WHERE id = %s", (child,))
+        thread, out = _in_thread(db_url, SUSPEND, (parent, "gather:1", "children", None, [child]))
+        wait_for(_blocked(conn, out["pid"]), what="the suspend to wait for the parent's row")
+        ender.commit()
+    thread.join(30)
+    assert out["row"]["state"] == "children"
+    assert row(conn, parent)["status"] == "running"
+
+
+def test_a_parent_suspending_before_its_last_child_ends_is_woken(conn, db_url) -> None:
+    parent = _running_job(conn)
+    child = _running_job(conn, parent)
+    with psycopg.connect(db_url, row_factory=dict_row) as waiter:
+        state = waiter.execute(SUSPEND, (parent, "gather:1", "children", None, [child]))
+        assert state.fetchone()["state"] == "waiting"  # not committed: holds its own row
+        thread, out = _in_thread(
+            db_url, "UPDATE rota.job SET status = 'done' WHERE id = %s RETURNING id", (child,)
+        )
+        wait_for(_blocked(conn, out["pid"]), what="the child's end to wait for the parent")
+        waiter.commit()
+    thread.join(30)
+    assert out["row"]["id"] == child
+    assert row(conn, parent)["status"] == "ready"

@@ -1,0 +1,121 @@
+"""Sleeps and waits: the job leaves its worker (waiting, slot freed, attempt not
+counted) and comes back when its time comes or its event is emitted."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+
+import rota
+from rota.durable import wake_due
+from rota.jobs import Job
+from rota.reaper import Reaper
+from tests.acceptance.procs import wait_for
+from tests.durable.helpers import handlers, later, row, running, until_status
+
+ran: collections.Counter[str] = collections.Counter()
+"""Effects of this module's steps, by job and step (each test starts from none)."""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts() -> None:
+    ran.clear()
+
+
+def naps(job: Job, ctx: rota.Context) -> Any:
+    ctx.step("before", lambda: ran.update([f"{job.id}:before"]))
+    ctx.sleep(3600)
+    ctx.step("after", lambda: ran.update([f"{job.id}:after"]))
+    return "rested"
+
+
+def quick(job: Job, ctx: rota.Context) -> Any:
+    return "quick"
+
+
+def waits(job: Job, ctx: rota.Context) -> Any:
+    try:
+        return {"got": ctx.wait_for(job.payload["key"], timeout=job.payload.get("timeout"))}
+    except rota.TimedOut:
+        return "timed out"
+
+
+async def async_waits(job: Job, ctx: rota.Context) -> Any:
+    await ctx.sleep(60)
+    return await ctx.wait_for(job.payload["key"])
+
+
+HANDLERS = handlers(naps=naps, quick=quick, waits=waits, async_waits=async_waits)
+
+
+def test_an_hour_of_sleep_frees_the_slot_at_once_and_resumes_after(conn, db_url) -> None:
+    sleeper = rota.enqueue(conn, "naps")
+    with running(db_url, HANDLERS, concurrency=1) as worker:
+        asleep = until_status(conn, sleeper, "waiting")
+        # The only slot is free: a job enqueued now runs while the first one sleeps.
+        other = rota.enqueue(conn, "quick")
+        until_status(conn, other, "done")
+        assert asleep["attempts"] == 0  # a suspension counts no attempt
+        assert asleep["locked_until"] is None
+        assert Reaper().run_once(db_url, now=later(conn, 3599)).woken == []
+        assert row(conn, sleeper)["status"] == "waiting"
+        assert Reaper().run_once(db_url, now=later(conn, 3601)).woken == [sleeper]
+        done = until_status(conn, sleeper, "done")
+        assert worker is not None
+    assert done["result"] == "rested"
+    assert (ran[f"{sleeper}:before"], ran[f"{sleeper}:after"]) == (1, 1)
+    waits = conn.execute("SELECT * FROM rota.job_wait WHERE job_id = %s", (sleeper,)).fetchall()
+    assert [(w["name"], w["ended_by"]) for w in waits] == [("sleep:1", "time")]
+
+
+def test_an_emit_wakes_the_jobs_waiting_on_its_key(conn, db_url) -> None:
+    first = rota.enqueue(conn, "waits", {"key": "order-1:shipped", "timeout": 600})
+    second = rota.enqueue(conn, "waits", {"key": "order-1:shipped"})
+    with running(db_url, HANDLERS, concurrency=2):
+        until_status(conn, first, "waiting")
+        until_status(conn, second, "waiting")
+        assert rota.emit(conn, "order-1:shipped", {"parcel": 7}) == 2
+        assert until_status(conn, first, "done")["result"] == {"got": {"parcel": 7}}
+        assert until_status(conn, second, "done")["result"] == {"got": {"parcel": 7}}
+
+
+def test_an_emit_before_the_wait_is_kept_and_the_first_emit_wins(conn, db_url) -> None:
+    assert rota.emit(conn, "early", "first") == 0
+    assert conn.execute("SELECT rota.emit('early', '\"second\"') AS n").fetchone()["n"] == 0
+    job_id = rota.enqueue(conn, "waits", {"key": "early"})
+    with running(db_url, HANDLERS, concurrency=1):
+        done = until_status(conn, job_id, "done")
+    assert done["result"] == {"got": "first"}
+    assert done["attempts"] == 1  # it never waited
+
+
+def test_a_wait_past_its_timeout_raises_timed_out(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "waits", {"key": "never", "timeout": 30})
+    with running(db_url, HANDLERS, concurrency=1):
+        until_status(conn, job_id, "waiting")
+        assert wake_due(db_url, now=later(conn, 29)) == []
+        assert wake_due(db_url, now=later(conn, 31)) == [job_id]
+        assert until_status(conn, job_id, "done")["result"] == "timed out"
+    # An emit after the timeout wakes nobody and changes nothing.
+    assert rota.emit(conn, "never", 1) == 0
+
+
+def test_sql_emit_wakes_an_async_handler_after_its_sleep(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "async.waits", {"key": "from-sql"})
+    with running(db_url, HANDLERS, concurrency=1):
+        until_status(conn, job_id, "waiting")
+        wake_due(db_url, now=later(conn, 61))
+        wait = "SELECT 1 FROM rota.job_wait WHERE job_id = %s AND name = 'event:from-sql'"
+        wait_for(lambda: conn.execute(wait, (job_id,)).fetchone(), what="the event wait")
+        woken = conn.execute("SELECT rota.emit('from-sql', '[1, 2]') AS n").fetchone()["n"]
+        assert woken == 1
+        assert until_status(conn, job_id, "done")["result"] == [1, 2]
+
+
+def test_bad_waits_are_refused(conn, db_url) -> None:
+    with pytest.raises(rota.InvalidInput):
+        rota.emit(conn, "", None)
+    with pytest.raises(rota.InvalidInput):
+        rota.emit(conn, "k", object())
