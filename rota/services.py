@@ -5,7 +5,8 @@ documented settings dataclass, a `run_once(conn, now=None)` that does one pass
 and returns a typed result, and optionally a wake channel: a NOTIFY on it ends
 the wait before the next pass. `run_loop` is all the looping there is: the
 `rota reaper`, `rota scheduler` and `rota archive` commands call it, and so do
-workers, one thread per service. Tests call `run_once` with a frozen clock.
+workers, one thread per service; it turns the service on the one loop shape
+(`rota.loops.Loop`, as `ServiceLoop`), with its backoff. Tests call `run_once` with a frozen clock.
 Every service is safe to run in many processes at once (SKIP LOCKED, capped
 batches, idempotency keys), so a loop never coordinates with other loops.
 """
@@ -22,6 +23,7 @@ from typing import Protocol
 from rota import db
 from rota.deadlines import Deadlines
 from rota.errors import RotaError
+from rota.loops import Loop
 from rota.settings import ConnectionSettings
 
 log = logging.getLogger("rota.services")
@@ -66,6 +68,69 @@ class Service(abc.ABC):
         return self.interval_seconds
 
 
+class ServiceLoop(Loop):
+    """A service's passes on the one loop shape (`rota.loops.Loop`): its own
+    connection with the answer deadline, LISTENing on the wake channel; after a
+    pass, at once if it was capped, else after the service's `next_wait` (at
+    least `IDLE_WAIT_FLOOR_SECONDS` if it acted on nothing) or a NOTIFY."""
+
+    log = log
+    run_at_start = True
+
+    def __init__(
+        self,
+        service: Service,
+        dsn: str,
+        stop: threading.Event,
+        deadlines: Deadlines,
+    ) -> None:
+        name = f"rota-{service.name}"
+        super().__init__(
+            service.interval_seconds,
+            connect=lambda: deadlines.connect(dsn, name, each_answer=True),
+            reconnect_max_seconds=service.interval_seconds,
+            stop=stop,
+        )
+        self.name = name
+        self.service = service
+        self.result: Result | None = None
+        """What the last pass did."""
+
+    def run_once(self) -> None:
+        self.result = None
+        self.result = result = self.service.run_once(self.connection())
+        if result.count:
+            self.log.info("%s: %s", self.service.name, result)
+
+    def connected(self, conn: db.Conn) -> None:
+        if self.service.wake_channel is not None:
+            db.listen(conn, self.service.wake_channel)
+
+    def next_wait(self) -> float:
+        result = self.result
+        if result is None or result.capped:
+            return 0.0
+        wait = self.service.next_wait(self.connection())
+        return max(wait, IDLE_WAIT_FLOOR_SECONDS) if not result.count else wait
+
+    def wait(self, seconds: float) -> bool:
+        """Until the next pass is due, stopped, or the wake channel is notified."""
+        conn = self._conn
+        if self.service.wake_channel is None or conn is None or conn.closed:
+            return super().wait(seconds)
+        end = time.monotonic() + seconds
+        try:
+            with db.errors_wrapped():
+                while not self.stopping and (left := end - time.monotonic()) > 0:
+                    for _ in conn.notifies(timeout=min(left, 0.5), stop_after=1):
+                        return self.stopping
+        except RotaError as exc:  # the next pass opens a new connection
+            self.log.warning("%s: waiting failed (%s)", self.name, exc)
+            if db.is_unavailable(exc):
+                self.close()
+        return self.stopping
+
+
 def run_loop(
     service: Service,
     dsn: str,
@@ -82,36 +147,25 @@ def run_loop(
     connection carries the timeouts of `connection` (the defaults when None),
     and every wait for an answer on it has the answer deadline (kept by
     `deadlines`, a watchdog of its own when None): a connection that stops
-    answering ends the pass as an outage, and the next pass opens a new one.
+    answering ends the pass as an outage, and the next pass opens a new one
+    (after the loop's backoff: 0.1 s doubling up to the service's interval).
     """
-    deadlines = deadlines or Deadlines(connection)
+    loop = ServiceLoop(service, dsn, stop, deadlines or Deadlines(connection))
+    if not once:
+        loop.run()
+        return []
     results: list[Result] = []
-    conn: db.Conn | None = None
     try:
         while not stop.is_set():
-            try:
-                if conn is None:
-                    conn = _connect(service, dsn, deadlines)
-                result = service.run_once(conn)
-                if once or result.count:
-                    log.info("%s: %s", service.name, result)
-                if once:
-                    results.append(result)
-                    if not result.capped:
-                        return results
-                elif not result.capped:
-                    _wait(service, conn, stop, idle=not result.count)
-            except RotaError as exc:
-                if once:
-                    raise
-                log.warning("%s failed: %s", service.name, exc)
-                if conn is not None and db.is_unavailable(exc):
-                    conn.close()
-                    conn = None
-                stop.wait(service.interval_seconds)
+            loop.run_once()
+            assert loop.result is not None
+            results.append(loop.result)
+            if not loop.result.count:  # a pass that acted on something logged itself
+                log.info("%s: %s", service.name, loop.result)
+            if not loop.result.capped:
+                break
     finally:
-        if conn is not None:
-            conn.close()
+        loop.close()
     return results
 
 
@@ -121,34 +175,8 @@ def start_thread(
     stop: threading.Event,
     connection: ConnectionSettings | None = None,
     deadlines: Deadlines | None = None,
-) -> threading.Thread:
-    """`run_loop` in a daemon thread of its own, until `stop` is set."""
-    thread = threading.Thread(
-        target=run_loop,
-        args=(service, dsn, stop),
-        kwargs={"connection": connection, "deadlines": deadlines},
-        name=f"rota-{service.name}",
-        daemon=True,
-    )
-    thread.start()
-    return thread
-
-
-def _connect(service: Service, dsn: str, deadlines: Deadlines) -> db.Conn:
-    conn = deadlines.connect(dsn, f"rota-{service.name}", each_answer=True)
-    if service.wake_channel is not None:
-        db.listen(conn, service.wake_channel)
-    return conn
-
-
-def _wait(service: Service, conn: db.Conn, stop: threading.Event, idle: bool) -> None:
-    """Until the next pass is due, `stop` is set or the wake channel is notified."""
-    wait = service.next_wait(conn)
-    end = time.monotonic() + (max(wait, IDLE_WAIT_FLOOR_SECONDS) if idle else wait)
-    if service.wake_channel is None:
-        stop.wait(max(0.0, end - time.monotonic()))
-        return
-    with db.errors_wrapped():
-        while not stop.is_set() and (left := end - time.monotonic()) > 0:
-            for _ in conn.notifies(timeout=min(left, 0.5), stop_after=1):
-                return
+) -> ServiceLoop:
+    """`service`'s loop in a daemon thread of its own, until `stop` is set."""
+    loop = ServiceLoop(service, dsn, stop, deadlines or Deadlines(connection))
+    loop.start()
+    return loop

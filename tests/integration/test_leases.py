@@ -18,6 +18,7 @@ from rota.control import retry_dead
 from rota.jobs import Outcome
 from rota.lookup import get_job
 from rota.reaper import Reaper, ReaperSettings
+from rota.settings import BackoffSettings
 from rota.status import queue_age
 from tests.acceptance.procs import wait_for
 
@@ -343,3 +344,24 @@ def test_effect_markers_make_a_rerun_skip_the_effect(conn: psycopg.Connection[An
     assert not rota.record_effect(conn, job, "charge", {"amount": 10})
     assert rota.effect_result(conn, job, "charge") == {"amount": 10}
     assert rota.effect_result(conn, job, "refund") is None
+
+
+def test_the_reaper_retries_an_expired_job_after_its_backoff(conn) -> None:
+    # A job that kills its worker (OOM, say) came back at once, up to 20 times,
+    # each crash expiring every job beside it: it backs off like a failing job.
+    ids = rota.enqueue_many(conn, [rota.NewJob("t"), rota.NewJob("t")])
+    conn.execute("UPDATE rota.job SET attempts = 3, run_at = %s", (T0,))
+    claims.claim(conn, "w", 2, 30, now=T0)  # attempt 4 of each
+    later = T0 + timedelta(seconds=31)
+    fixed = BackoffSettings(base_seconds=10, cap_seconds=3600, jitter=0)
+    result = Reaper(ReaperSettings(backoff=fixed)).run_once(conn, now=later)
+    assert sorted(result.requeued) == sorted(ids)
+    assert [row(conn, i)["run_at"] for i in ids] == [later + timedelta(seconds=80)] * 2
+    assert [row(conn, i)["attempts"] for i in ids] == [4, 4]  # still counted
+    # The default backoff (1 s doubled, a quarter of jitter either way).
+    rota.enqueue(conn, "u")
+    conn.execute("UPDATE rota.job SET run_at = %s WHERE type = 'u'", (T0,))
+    (job,) = claims.claim(conn, "w", 1, 30, ["u"], now=T0)
+    Reaper().run_once(conn, now=later)
+    wait = (row(conn, job.id)["run_at"] - later).total_seconds()
+    assert 0.75 <= wait <= 1.25

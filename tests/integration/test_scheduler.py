@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 from rota import schedule_store as schedules
 from rota.errors import InvalidInput
 from rota.schedule_store import ScheduleSpec
+from rota.schedule_store import upsert as upsert_schedule
 from rota.scheduler import Scheduler, SchedulerSettings
 from rota.services import run_loop
 
@@ -408,3 +409,28 @@ def test_suspend_and_resume_keep_group_and_uniqueness(conn: Conn) -> None:
     row = schedules.set_suspended(conn, "s", False, now=utc(2026, 1, 1, 8, 32))
     assert row is not None
     assert (row["group_key"], row["unique_for_seconds"], row["unique_active"]) == ("g", 90.5, False)
+
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_one_schedule_the_database_refuses_stops_no_other(conn, caplog) -> None:
+    # A job type too long for the index (stored by hand): its enqueue is refused.
+    # The scheduler logs it, moves that schedule past the slot, and goes on.
+    for name in ("a-bad", "b-good"):
+        upsert_schedule(conn, ScheduleSpec(name, "t", "0 * * * *"), now=T0)
+    # Written around the table's own checks (migration 0024 refuses it otherwise).
+    conn.execute("SET session_replication_role = replica")
+    conn.execute(
+        "UPDATE rota.schedule SET job_type ="
+        " (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 400) AS i)"
+        " WHERE name = 'a-bad'"
+    )
+    conn.execute("RESET session_replication_role")
+    tick = T0 + timedelta(hours=1, minutes=1)
+    result = Scheduler().run_once(conn, now=tick)
+    assert result.enqueued == 1
+    assert conn.execute("SELECT count(*) AS n FROM rota.job").fetchone()["n"] == 1
+    bad = conn.execute("SELECT * FROM rota.schedule WHERE name = 'a-bad'").fetchone()
+    assert bad["next_run_at"] > tick
+    assert "schedule 'a-bad'" in caplog.text and "refused" in caplog.text

@@ -1,11 +1,12 @@
 """Claiming ahead: the bookkeeping of jobs claimed before a slot is free for
-them, in-process (no database), and a real worker giving back a job that
-could not start in time."""
+them, in-process (no database), a real worker giving back a job that could not
+start in time, and a job given back and claimed again in one statement."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import rota
@@ -16,11 +17,13 @@ from rota.jobs import Job, Outcome, Status
 from rota.lookup import get_job
 from rota_worker.attempts import Attempts, Event, Execution
 from rota_worker.claiming import ClaimLoop
+from rota_worker.link import Link
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.settings import WorkerSettings
 from rota_worker.slots import AHEAD_FAST_SECONDS, AHEAD_MAX_WAIT_SECONDS, Slots
 from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
+from tests.worker.helpers import _async_handlers, _noop, row
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 C = 3
@@ -227,3 +230,49 @@ def test_while_claiming_ahead_two_claims_of_a_batch_each_are_in_flight_at_once()
         return seen
 
     assert asyncio.run(scenario()) == [("lead", C), ("ahead", C)]
+
+
+def test_a_job_given_back_and_claimed_again_in_one_statement_stays_held(conn, db_url) -> None:
+    # A job claimed ahead waited too long and is given back; the claim that
+    # carries that outcome picks the same job again, at the same attempt number.
+    # The new attempt is a new record: settling the old one must not let go of it.
+    rota.enqueue(conn, "t")
+    worker = Worker(
+        db_url,
+        WorkerSettings(concurrency=1, run_reaper=False, run_scheduler=False, lease_seconds=600),
+        handlers=_async_handlers(t=_noop),
+    )
+    slots, attempts, buffer = worker.slots, worker.attempts, worker.outcomes
+    io = ThreadPoolExecutor(1)
+
+    async def scenario() -> None:
+        link = Link(db_url, "claim", io)
+        worker.leases.loop = asyncio.get_running_loop()
+        try:
+            (job,) = await link.run(claims.claim, worker.worker_id, 1, 600, ["t"])
+            slots.hold([job])
+            (old,) = attempts.snapshot()
+            assert slots.give_back_stale(old.held_at + AHEAD_MAX_WAIT_SECONDS) == 1
+            batch = buffer.take()
+            written, again = await link.run(
+                claims.write_and_claim, worker.worker_id, buffer.to_write(batch), 1, 600, ["t"]
+            )
+            assert [(j.id, j.attempts) for j in again] == [(job.id, job.attempts)]
+            slots.hold(again)
+            new = attempts.snapshot()[-1]
+            await buffer.settle(link, batch, written)
+            held = attempts.snapshot()
+            assert any(e is new for e in held) and not any(e is old for e in held)
+            before = row(conn, job.id)["locked_until"]
+            await asyncio.get_running_loop().run_in_executor(None, worker.leases.step)
+            await asyncio.sleep(0)
+            assert row(conn, job.id)["locked_until"] > before  # its lease renewal goes on
+            assert new.stopped is None
+        finally:
+            link.close()
+            worker.leases.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        io.shutdown()

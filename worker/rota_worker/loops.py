@@ -1,47 +1,20 @@
-"""One shape for the worker's background loops: start, stop, and a `run_once`.
-
-Each loop does one job (renew leases, watch the event loop, probe the claims'
-start, listen for wake-ups) in a thread of its own, on a connection of its
-own (if it needs one): no handler, no stalled event loop and no slow
-neighbour can hold it up. Its `run_once` does one round and returns; the
-thread only calls it every `interval`, and after a failure waits the next step
-of its `Backoff` (an outage: the connection is closed and opened again by the
-next round; a refusal: logged as an error, tried again after the interval).
-Tests call `run_once` directly: a loop is steppable without its thread.
+"""The worker's side of the one loop shape (`rota.loops`): its loops (lease
+renewal, stall watch, floor probe, listener, registry refresh) are
+`rota.loops.Loop`s logging as the worker; and `Wakeup`, the event loop's
+one-waiter signal.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
-from collections.abc import Callable
 
-from rota import db
-from rota.errors import DatabaseError, DatabaseUnavailable
+from rota import loops
+from rota.loops import STOP_WAIT_SECONDS, Backoff
+
+__all__ = ["STOP_WAIT_SECONDS", "Backoff", "Loop", "Wakeup"]
 
 log = logging.getLogger("rota.worker")
-
-STOP_WAIT_SECONDS = 1.0
-"""How long `stop` waits for a round in flight (the thread is a daemon: a stopping
-worker must not outlast its grace for a round stuck on the network)."""
-
-
-class Backoff:
-    """Growing waits between reconnection attempts, reset by a success."""
-
-    def __init__(self, first: float = 0.1, most: float = 10.0) -> None:
-        self.first = first
-        self.most = most
-        self.current = first
-
-    def next(self) -> float:
-        delay, self.current = self.current, min(self.current * 2, self.most)
-        return delay
-
-    def reset(self) -> None:
-        self.current = self.first
 
 
 class Wakeup:
@@ -69,98 +42,7 @@ class Wakeup:
                 timer.cancel()
 
 
-class Loop:
-    """A background loop: `run_once` every `interval` seconds in a thread of its own."""
+class Loop(loops.Loop):
+    """A background loop of the worker (`rota.loops.Loop`, logging as the worker)."""
 
-    name = "rota-loop"
-    """The thread's name."""
-
-    def __init__(
-        self,
-        interval: float,
-        connect: Callable[[], db.Conn] | None = None,
-        reconnect_max_seconds: float = 10.0,
-    ) -> None:
-        self.interval = interval
-        self._connect = connect
-        self.backoff = Backoff(most=reconnect_max_seconds)
-        self.rounds = 0
-        """Rounds that ended without an error."""
-        self._conn: db.Conn | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self) -> None:
-        """One round of the loop's job (raises DatabaseUnavailable or DatabaseError)."""
-        raise NotImplementedError
-
-    # -- lifecycle ----------------------------------------------------------------
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the thread; a round still waiting for the database is not waited for
-        long (its connection goes with the process)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=STOP_WAIT_SECONDS)
-            if self._thread.is_alive():
-                return
-        self.close()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def _run(self) -> None:
-        delay = self.interval
-        while not self._stop.wait(delay):
-            delay = self.step()
-
-    def step(self) -> float:
-        """One round, its failure handled: how long to wait before the next."""
-        try:
-            self.run_once()
-        except DatabaseUnavailable as exc:
-            self.close()
-            wait = self.backoff.next()
-            log.warning("%s: database unavailable (%s); next try in %.1fs", self.name, exc, wait)
-            return wait
-        except DatabaseError as exc:
-            log.error("%s: refused (%s)", self.name, exc)
-            return self.interval
-        except Exception:  # a loop must outlive whatever one round meets
-            self.close()
-            wait = self.backoff.next()
-            log.exception("%s: round failed; next try in %.1fs", self.name, wait)
-            return wait
-        self.rounds += 1
-        self.backoff.reset()
-        return self.interval
-
-    # -- the loop's connection ----------------------------------------------------
-    def connection(self) -> db.Conn:
-        """The loop's own connection, opened when first needed (again after an outage)."""
-        assert self._connect is not None, f"{self.name} has no connection"
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-            self.connected(self._conn)
-        return self._conn
-
-    def connected(self, conn: db.Conn) -> None:
-        """Called once per new connection (a listener LISTENs here)."""
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+    log = log

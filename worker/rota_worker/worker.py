@@ -7,10 +7,10 @@ draws them):
 - `ClaimLoop` (rota_worker.claiming) claims into free slots, carrying the
   outcomes along; `Slots` (rota_worker.slots) starts what was claimed and hands
   what ended to the `OutcomeBuffer` (rota_worker.outcomes), which writes it;
-- the background loops (rota_worker.loops: `LeaseRenewal`, `StallWatch`,
-  `FloorProbe`, `Listener`), each a thread doing one job on its own
-  connection; the registry row (rota_worker.registry); the maintenance
-  services (reaper, scheduler) in threads of their own;
+- the background loops (`rota.loops.Loop`: `LeaseRenewal`, `StallWatch`,
+  `FloorProbe`, `Listener`, `Registry` for the registry row), each a thread
+  doing one job on its own connection; the maintenance services (reaper,
+  scheduler) on the same loop shape (`rota.services.ServiceLoop`);
 - `Deadlines` puts timeouts on every connection and an answer deadline on
   every call, so a connection the network stopped carrying is replaced.
 All times that matter are the database's: the host clock is never compared
@@ -56,9 +56,9 @@ from rota_worker.threads import ThreadRunner
 
 log = logging.getLogger("rota.worker")
 
-LINKS = ("claim-ahead", "flush", "registry")
+LINKS = ("claim-ahead", "flush")
 """The event loop's connections besides the lead claim's (each user owns one);
-the background loops own theirs (heartbeat, floor probe, listener)."""
+the background loops own theirs (heartbeat, floor probe, listener, registry)."""
 
 
 EAGER_TASK_FACTORY: Any = getattr(asyncio, "eager_task_factory", None)
@@ -124,12 +124,19 @@ class Worker:
             dsn, self.claims.jobs_notified,
             functools.partial(connect, "rota-worker-listen"), d.watch,
         )  # fmt: skip
-        self.loops: list[Loop] = [self.listener, self.leases, self.stalls, self.probe]
+        self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
+        self.registry = Registry(
+            self.info, s.registry_refresh_seconds,
+            functools.partial(connect, "rota-worker-registry"), d.watch,
+            s.reconnect_max_seconds,
+        )  # fmt: skip
+        self.loops: list[Loop] = [
+            self.listener, self.registry, self.leases, self.stalls, self.probe
+        ]  # fmt: skip
         """The background loops, in start order (the listener first: its wake-up
         may come before the first claim)."""
         self.probes = Probes(self)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.info = workers.WorkerInfo(self.worker_id, s.concurrency, tuple(self.types))
 
     def _default_services(self) -> list[Service]:
         wanted: list[tuple[bool, Service]] = [
@@ -176,7 +183,6 @@ class Worker:
         links["claim"] = Link(
             self.dsn, "claim", io, self.deadlines, self.settings.poll_interval_seconds
         )
-        registry = Registry(self.info, links["registry"], self.settings.registry_refresh_seconds)
         self.listener.start()
         server = self.probes.serve()
         services_stop = threading.Event()
@@ -190,7 +196,8 @@ class Worker:
         tasks: list[asyncio.Task[None]] = []
         try:
             if await self._wait_until_usable(io):
-                await registry.register()
+                await loop.run_in_executor(io, self.registry.register)
+                self.registry.start()
                 for service in self.services:
                     start_thread(service, self.dsn, services_stop, deadlines=self.deadlines)
                 self.leases.start_on(loop)
@@ -199,7 +206,6 @@ class Worker:
                 tasks = [
                     asyncio.create_task(self.outcomes.run(links["flush"])),
                     asyncio.create_task(self.stalls.tick()),
-                    asyncio.create_task(registry.run()),
                 ]
                 await self.claims.run(links["claim"], links["claim-ahead"])
                 await self.slots.drain(self.settings.grace_period_seconds)
@@ -208,7 +214,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await loop.run_in_executor(None, self._stop_loops)
-            await registry.deregister()
+            await loop.run_in_executor(io, self.registry.deregister)
             services_stop.set()
             if server is not None:
                 server.shutdown()

@@ -1,4 +1,5 @@
-"""A finished attempt is freed when its outcome is settled, not by the garbage collector.
+"""Memory: a finished attempt is freed when its outcome is settled, not by the
+garbage collector.
 
 An attempt's task whose result was the attempt closed a reference cycle (the
 task, the attempt, the worker's record of it, the record's task) for every
