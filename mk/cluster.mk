@@ -24,6 +24,8 @@ PREVIOUS_REF ?= $(shell cat tests/cluster/previous-release)
 PREVIOUS_DIR := $(or $(ROTA_CACHE),$(HOME)/.cache/rota)/previous
 images-previous: cluster-deps ## build the images of PREVIOUS_REF (tests/cluster/previous-release) as tag "previous", for the upgrade test
 	rm -rf $(PREVIOUS_DIR) && mkdir -p $(PREVIOUS_DIR)
+	@# A shallow clone lacks the previous release's commit: deepen it first.
+	git cat-file -e $(PREVIOUS_REF)^{commit} 2>/dev/null || git fetch --quiet --unshallow
 	git archive $(PREVIOUS_REF) | tar -x -C $(PREVIOUS_DIR)
 	IMAGE_TAG=previous bash $(PREVIOUS_DIR)/tests/cluster/images.sh build
 
