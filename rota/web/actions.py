@@ -54,7 +54,7 @@ class Bulk:
 
 BULK_ACTIONS = {
     "retry": Bulk("retry", control.RETRYABLE, verb="retried"),
-    "cancel": Bulk("cancel", (Status.READY, Status.RUNNING), verb="cancelled"),
+    "cancel": Bulk("cancel", (Status.READY, Status.RUNNING, Status.WAITING), verb="cancelled"),
     "run-now": Bulk("run-now", (Status.READY,), delayed=True, verb="made due now"),
     "priority": Bulk("priority", (Status.READY,), verb="given the new priority"),
 }
@@ -109,8 +109,10 @@ def retry_job(conn: Conn, who: Identity, job_id: int, now: datetime | None = Non
 def cancel_job(conn: Conn, who: Identity, job_id: int, now: datetime | None = None) -> Done:
     with conn.transaction():
         status = _job_status(conn, job_id)
-        if status not in (Status.READY, Status.RUNNING):
-            raise Conflict(f"job {job_id} is {status}: only ready or running jobs can be cancelled")
+        if status not in (Status.READY, Status.RUNNING, Status.WAITING):
+            raise Conflict(
+                f"job {job_id} is {status}: only ready, running or waiting jobs can be cancelled"
+            )
         result = control.cancel(conn, [job_id], now=now)
         _audit(conn, who, "cancel", {"ids": [job_id]}, result.count, now)
     said = "cancelled" if result.ended else "asked to stop (its worker stops it within a heartbeat)"

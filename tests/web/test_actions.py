@@ -44,6 +44,25 @@ def test_cancel_ends_a_ready_job_and_asks_a_running_one_to_stop(client, conn):
     assert [r["action"] for r in audit_rows(conn)] == ["cancel", "cancel"]
 
 
+def test_a_waiting_durable_job_is_cancelled_from_its_page(client, conn):
+    job_id = add_job(conn, "order", "waiting", run_at=datetime.now(UTC) + timedelta(hours=1))
+    page = client.get(f"/jobs/{job_id}", headers={**BEARER, "Accept": "text/html"})
+    assert f"/jobs/{job_id}/cancel" in page.text
+    response = client.post(f"/jobs/{job_id}/cancel", headers=JSON)
+    assert response.status_code == 200, response.text
+    assert status_of(conn, job_id) == "cancelled"
+    assert [r["action"] for r in audit_rows(conn)] == ["cancel"]
+
+
+def test_bulk_cancel_takes_waiting_durable_jobs_too(client, conn):
+    waiting = [add_job(conn, "order", "waiting") for _ in range(2)]
+    done = add_job(conn, "order", "done")
+    response = client.post("/jobs/bulk", data={"action": "cancel", "type": "order"}, headers=JSON)
+    assert response.json()["rows"] == 2
+    assert [status_of(conn, i) for i in waiting] == ["cancelled"] * 2
+    assert status_of(conn, done) == "done"
+
+
 def test_run_now_and_priority_change_a_delayed_ready_job(client, conn):
     job_id = add_job(conn, "email", "ready", run_at=datetime.now(UTC) + timedelta(hours=2))
     assert client.post(f"/jobs/{job_id}/run-now", headers=JSON).json()["rows"] == 1
