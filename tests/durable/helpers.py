@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from rota.handlers import Handler
-from rota_worker.settings import WorkerSettings
-from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
+from tests.worker.helpers import _running as running  # a worker in this process
 
-
-@contextlib.contextmanager
-def running(
-    db_url: str, handlers: dict[str, Handler], concurrency: int, **settings: Any
-) -> Iterator[Worker]:
-    """A worker of `handlers` in a thread of this process (no reaper, no scheduler:
-    the tests run those passes themselves), stopped and joined at the end."""
-    options = {"poll_interval_seconds": 0.2, **settings}
-    chosen = WorkerSettings(
-        concurrency=concurrency, run_reaper=False, run_scheduler=False, **options
-    )
-    worker = Worker(db_url, chosen, handlers=handlers)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        yield worker
-        assert thread.is_alive()
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
+__all__ = ["handlers", "later", "row", "running", "status_is", "until_status"]
 
 
 def handlers(**funcs: Callable[..., Any]) -> dict[str, Handler]:
