@@ -35,7 +35,7 @@ from psycopg.types.json import Jsonb
 from rota import limits, sql
 from rota.db import Conn, ConnOrDsn, connect, connection, errors_wrapped, fetch_all
 from rota.errors import ChildFailed, InvalidInput, LeaseLost, Permanent, Suspended, TimedOut
-from rota.jobs import Job, Status
+from rota.jobs import Job, NewJob, Status
 from rota.settings import QueueSettings
 
 _DEFAULTS = QueueSettings()
@@ -333,26 +333,19 @@ def _child_params(
             f"spawn takes {', '.join(sorted(CHILD_OPTIONS))} (not {', '.join(unknown)}):"
             " a child is unique by its parent and name, never by a key"
         )
-    limits.name(job_type, "job type")
-    run_at, delay = options.get("run_at"), options.get("delay")
-    if run_at is not None and delay is not None:
-        raise InvalidInput("give run_at or delay, not both")
-    priority = options.get("priority")
+    child = NewJob(job_type, payload, **options)
+    encoded = limits.new_job(child, _DEFAULTS.max_payload_bytes)
     return {
         "parent": parent,
         "name": name,
-        "type": job_type,
-        "payload": Jsonb(payload, dumps=lambda _: limits.encode_payload(payload)),
-        "run_at": None if run_at is None else limits.instant(run_at, "run_at"),
-        "delay": None if delay is None else limits.delay_seconds(delay),
-        "max_attempts": _maybe(limits.whole, options.get("max_attempts"), "max_attempts"),
-        "priority": 0 if priority is None else limits.priority(priority),
-        "timeout": _maybe(limits.timeout_seconds, options.get("timeout"), "timeout"),
-        "group": _maybe(limits.name, options.get("group"), "a group"),
+        "type": child.type,
+        "payload": Jsonb(payload, dumps=lambda _: encoded),
+        "run_at": child.run_at,
+        "delay": None if child.delay is None else float(child.delay),
+        "max_attempts": child.max_attempts,
+        "priority": 0 if child.priority is None else child.priority,
+        "timeout": child.timeout,
+        "group": child.group,
         "default_max_attempts": _DEFAULTS.default_max_attempts,
         "now": None,
     }
-
-
-def _maybe(check: Callable[[Any, str], Any], value: Any, what: str) -> Any:
-    return None if value is None else check(value, what)

@@ -358,26 +358,5 @@ def _priority(job: NewJob, handlers: dict[str, Any]) -> int:
 
 def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:
     """Validate one job before anything is written; return its payload for the driver."""
-    if not isinstance(job, NewJob):
-        raise InvalidInput(f"enqueue_many takes NewJob values, not {type(job).__name__}")
-    limits.name(job.type, "job type")
-    if job.run_at is not None and job.delay is not None:
-        raise InvalidInput("give run_at or delay, not both")
-    if job.run_at is not None:
-        limits.instant(job.run_at, "run_at")
-    if job.delay is not None:
-        limits.delay_seconds(job.delay)
-    if job.max_attempts is not None:
-        limits.whole(job.max_attempts, "max_attempts")
-    if job.priority is not None:
-        limits.priority(job.priority)
-    if job.timeout is not None:
-        limits.timeout_seconds(job.timeout)
-    if job.key is not None:
-        limits.name(job.key, "an idempotency key")
-    if job.group is not None:
-        limits.name(job.group, "a group")
-    if job.unique_for is not None or job.unique_active:
-        limits.unique(job.key, job.unique_for, job.unique_active)
-    encoded = limits.encode_payload(job.payload, settings.max_payload_bytes)
+    encoded = limits.new_job(job, settings.max_payload_bytes)
     return Jsonb(job.payload, dumps=lambda _: encoded)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rota.errors import MAX_DELAY_SECONDS, InvalidInput
+from rota.jobs import NewJob
 
 INTEGER_MAX = 2**31 - 1
 """Largest value of an int4 column (max_attempts, spread and deadline seconds, concurrency)."""
@@ -240,6 +241,33 @@ def _short(value: Any) -> str:
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """A NUL in encoded JSON: \\u0000 after an even number of backslashes (after an
 odd number, its backslash ends an escaped backslash: the text \\\\u0000)."""
+
+
+def new_job(job: NewJob, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> str:
+    """Check every field of a job to enqueue (a parent's child included) before
+    anything is written; its payload as compact JSON."""
+    if not isinstance(job, NewJob):
+        raise InvalidInput(f"enqueue_many takes NewJob values, not {type(job).__name__}")
+    name(job.type, "job type")
+    if job.run_at is not None and job.delay is not None:
+        raise InvalidInput("give run_at or delay, not both")
+    if job.run_at is not None:
+        instant(job.run_at, "run_at")
+    if job.delay is not None:
+        delay_seconds(job.delay)
+    if job.max_attempts is not None:
+        whole(job.max_attempts, "max_attempts")
+    if job.priority is not None:
+        priority(job.priority)
+    if job.timeout is not None:
+        timeout_seconds(job.timeout)
+    if job.key is not None:
+        name(job.key, "an idempotency key")
+    if job.group is not None:
+        name(job.group, "a group")
+    if job.unique_for is not None or job.unique_active:
+        unique(job.key, job.unique_for, job.unique_active)
+    return encode_payload(job.payload, max_payload_bytes)
 
 
 def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
