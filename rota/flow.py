@@ -128,8 +128,6 @@ def list_limits(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> list[Lim
 
 
 def _job_type(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInput("give the job type to limit (a non-empty string)")
     if value == "*":
         raise InvalidInput("limits are per job type: '*' is not a job type")
-    return limits.name(value, "job type")  # the rule of enqueue: the same names
+    return limits.name(value, "job type")  # the rule of enqueue: the same names and words

@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from rota import sql, workers
+from rota import limits, sql, workers
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput
 from rota.jobs import Status
@@ -216,6 +216,15 @@ def form_field(form: Mapping[str, Any], name: str) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
     return filters.clean(value.strip(), name)
+
+
+def type_field(form: Mapping[str, Any]) -> str | None:
+    """The form's job type (None when empty), by the rule every door applies to a
+    type name (`limits.name`), not the shorter cap of a filter's search text."""
+    value = form.get("type")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return limits.name(value.strip(), "job type")
 
 
 def safe_next(target: str | None) -> str | None:

@@ -173,3 +173,55 @@ def test_limit_set_refuses_the_type_names_enqueue_refuses(
         == "rota: error: job type is 1100 bytes long, over the limit of 1024\n"
     )
     assert conn.execute("SELECT count(*) AS n FROM rota.job_limit").fetchone() == {"n": 0}
+
+
+@pytest.mark.parametrize("name", ["x" * 1100, "   "], ids=["long", "blank"])
+def test_every_door_to_limits_and_pauses_refuses_a_type_name_alike(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any, conn: psycopg.Connection[Any],
+    name: str,
+) -> None:  # fmt: skip
+    # Python, the CLI, the console and plain SQL, for a limit and for a pause.
+    with pytest.raises(rota.InvalidInput) as python:
+        rota.set_limit(conn, name, concurrency=2)
+    reason = str(python.value)
+    with pytest.raises(rota.InvalidInput) as paused:
+        rota.pause(conn, [name])
+    assert str(paused.value) == reason
+    code, said = _cli(monkeypatch, capsys, db_url, "limit", "set", name, "--concurrency", "2")
+    assert (code, said) == (2, f"rota: error: {reason}\n")
+    code, said = _cli(monkeypatch, capsys, db_url, "pause", name)
+    assert (code, said) == (2, f"rota: error: {reason}\n")
+    with make_client(db_url) as client:
+        for path, form in (
+            ("/types/limit", {"type": name, "concurrency": "2"}),
+            ("/types/pause", {"type": name}),
+        ):
+            answer = client.post(path, data=form, headers={**BEARER, "Accept": "application/json"})
+            assert answer.status_code == 400, (path, answer.text)
+            # A blank form field is no field at all: the console asks for one.
+            assert (reason if name.strip() else "give") in answer.text
+    for statement in (
+        "INSERT INTO rota.job_limit (type, concurrency) VALUES (%s, 2)",
+        "INSERT INTO rota.paused_type (type) VALUES (%s)",
+    ):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as sql, conn.transaction():
+            conn.execute(statement, (name,))
+        assert sql.value.diag.message_primary == reason
+    written = "SELECT (SELECT count(*) FROM rota.job_limit) + (SELECT count(*) FROM rota.paused_type)"
+    assert conn.execute(written + " AS n").fetchone() == {"n": 0}
+
+
+def test_the_console_pauses_and_limits_every_type_name_enqueue_takes(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    name = "t" * 600  # over a search filter's 500 characters, within a name's 1,024 bytes
+    rota.enqueue(conn, name)
+    with make_client(db_url) as client:
+        for path, form in (
+            ("/types/pause", {"type": name}),
+            ("/types/limit", {"type": name, "concurrency": "2"}),
+        ):
+            answer = client.post(path, data=form, headers={**BEARER, "Accept": "application/json"})
+            assert answer.status_code == 200, (path, answer.text)
+    assert conn.execute("SELECT type FROM rota.paused_type").fetchall() == [{"type": name}]
+    assert conn.execute("SELECT type FROM rota.job_limit").fetchall() == [{"type": name}]
