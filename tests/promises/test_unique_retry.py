@@ -207,8 +207,11 @@ def test_every_door_to_limits_and_pauses_refuses_a_type_name_alike(
         with pytest.raises(psycopg.errors.InvalidParameterValue) as sql, conn.transaction():
             conn.execute(statement, (name,))
         assert sql.value.diag.message_primary == reason
-    written = "SELECT (SELECT count(*) FROM rota.job_limit) + (SELECT count(*) FROM rota.paused_type)"
-    assert conn.execute(written + " AS n").fetchone() == {"n": 0}
+    written = conn.execute(
+        "SELECT (SELECT count(*) FROM rota.job_limit)"
+        " + (SELECT count(*) FROM rota.paused_type) AS n"
+    ).fetchone()
+    assert written == {"n": 0}
 
 
 def test_the_console_pauses_and_limits_every_type_name_enqueue_takes(
