@@ -218,13 +218,14 @@ def form_field(form: Mapping[str, Any], name: str) -> str | None:
     return filters.clean(value.strip(), name)
 
 
-def type_field(form: Mapping[str, Any]) -> str | None:
-    """The form's job type (None when empty), by the rule every door applies to a
-    type name (`limits.name`), not the shorter cap of a filter's search text."""
-    value = form.get("type")
+def name_field(form: Mapping[str, Any], field: str = "type", what: str = "job type") -> str | None:
+    """A form field naming a job type or a schedule (None when empty), by the rule
+    every door applies to a name (`limits.name`), not the shorter cap of a
+    filter's search text."""
+    value = form.get(field)
     if not isinstance(value, str) or not value.strip():
         return None
-    return limits.name(value.strip(), "job type")
+    return limits.name(value.strip(), what)
 
 
 def safe_next(target: str | None) -> str | None:

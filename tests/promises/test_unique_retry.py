@@ -18,6 +18,8 @@ import pytest
 import rota
 from rota import control
 from rota.cli import main
+from rota.schedule_store import ScheduleSpec
+from rota.schedule_store import upsert as upsert_schedule
 from tests.acceptance.procs import wait_for
 from tests.web.conftest import BEARER, make_client
 
@@ -228,3 +230,26 @@ def test_the_console_pauses_and_limits_every_type_name_enqueue_takes(
             assert answer.status_code == 200, (path, answer.text)
     assert conn.execute("SELECT type FROM rota.paused_type").fetchall() == [{"type": name}]
     assert conn.execute("SELECT type FROM rota.job_limit").fetchall() == [{"type": name}]
+
+
+def test_the_console_retries_and_suspends_by_every_name_enqueue_takes(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    name = "t" * 600  # over a search filter's 500 characters, within a name's 1,024 bytes
+    [job_id] = _dead(conn)
+    conn.execute("UPDATE rota.job SET type = %s WHERE id = %s", (name, job_id))
+    upsert_schedule(conn, ScheduleSpec(name, "t", "0 * * * *"))
+    json = {**BEARER, "Accept": "application/json"}
+    with make_client(db_url) as client:
+        group = {"type": name, "error_class": "boom"}  # its last error: "boom"
+        retried = client.post("/dead/retry", data=group, headers=json)
+        assert retried.status_code == 200, retried.text
+        suspended = client.post("/schedules/suspend", data={"name": name}, headers=json)
+        assert suspended.status_code == 200, suspended.text
+        run = client.post(f"/schedules/{name}/run", headers=json)
+        assert run.status_code == 200, run.text
+    assert conn.execute("SELECT status FROM rota.job WHERE id = %s", (job_id,)).fetchone() == {
+        "status": "ready"
+    }
+    [row] = conn.execute("SELECT suspend FROM rota.schedule WHERE name = %s", (name,)).fetchall()
+    assert row == {"suspend": True}

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rota.web import actions, reads
-from rota.web.console import Console, check_params, form_field
+from rota.web.console import Console, check_params, form_field, name_field
 from rota.web.routes.acting import threaded
 
 
@@ -23,7 +23,7 @@ def dead(c: Console, request: Request) -> Response:
 
 async def dead_retry(c: Console, request: Request) -> Response:
     who, form = await c.actor(request)
-    job_type = form_field(form, "type") or ""
+    job_type = name_field(form) or ""
     error_class = form_field(form, "error_class") or ""
     done = await threaded(c, actions.retry_dead_group, who, job_type, error_class)
     return c.acted(request, form, done)

@@ -9,9 +9,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rota import limits
 from rota.errors import InvalidInput
-from rota.web import actions, filters, reads
-from rota.web.console import Console, check_params, form_field
+from rota.web import actions, reads
+from rota.web.console import Console, check_params, name_field
 from rota.web.routes.acting import threaded
 
 
@@ -25,14 +26,14 @@ def schedules(c: Console, request: Request) -> Response:
 
 async def schedule_run(c: Console, request: Request) -> Response:
     who, form = await c.actor(request)
-    name = filters.clean(request.path_params["name"], "schedule name")
+    name = limits.name(request.path_params["name"], "schedule name")
     return c.acted(request, form, await threaded(c, actions.run_schedule, who, name))
 
 
 def schedule_action(c: Console, suspend: bool) -> Any:
     async def endpoint(request: Request) -> Response:
         who, form = await c.actor(request)
-        name = form_field(form, "name")
+        name = name_field(form, "name", "schedule name")
         if not name:
             raise InvalidInput("give the schedule's name")
         done = await threaded(c, actions.suspend_schedule, who, name, suspend)

@@ -12,7 +12,7 @@ from starlette.routing import Route
 from rota.errors import InvalidInput
 from rota.flow import Limit
 from rota.web import actions, overview
-from rota.web.console import Console, check_params, form_field, type_field
+from rota.web.console import Console, check_params, form_field, name_field
 from rota.web.routes.acting import seconds, threaded, whole
 
 
@@ -29,7 +29,7 @@ def types_action(c: Console, pause: bool) -> Any:
     async def endpoint(request: Request) -> Response:
         who, form = await c.actor(request)
         every = form_field(form, "all") is not None
-        job_type = type_field(form)
+        job_type = name_field(form)
         if not every and not job_type:
             raise InvalidInput("give a job type, or all")
         chosen = None if every else [job_type or ""]
@@ -41,7 +41,7 @@ def types_action(c: Console, pause: bool) -> Any:
 
 async def limit_set(c: Console, request: Request) -> Response:
     who, form = await c.actor(request)
-    job_type = type_field(form)
+    job_type = name_field(form)
     if not job_type:
         raise InvalidInput("give the job type to limit")
     wanted = Limit(
@@ -56,7 +56,7 @@ async def limit_set(c: Console, request: Request) -> Response:
 
 async def limit_clear(c: Console, request: Request) -> Response:
     who, form = await c.actor(request)
-    job_type = type_field(form)
+    job_type = name_field(form)
     if not job_type:
         raise InvalidInput("give the job type whose limits to clear")
     return c.acted(request, form, await threaded(c, actions.clear_limit, who, job_type))
