@@ -26,7 +26,8 @@ DEFAULT_PAGE_SIZE = 50
 SCAN_ROWS = 10_000
 """Rows a filter on type, payload or time examines per page at most."""
 MAX_TEXT = 500
-"""Longest filter value accepted (a type, a key, a payload expression)."""
+"""Longest filter value accepted (a payload expression, an error's text); a type
+or a key is any name a job can hold (`limits.name`)."""
 
 FIELDS = ("status", "type", "key", "payload", "error", "created_from", "created_to")
 RETRYING = "retrying"
@@ -135,6 +136,14 @@ def _text(params: Mapping[str, str], name: str) -> str | None:
     return clean(value.strip(), name) or None if isinstance(value, str) else None
 
 
+def _name(params: Mapping[str, str], field: str, what: str) -> str | None:
+    """A filter naming a job type or key: whatever name a job can hold."""
+    value = params.get(field)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return limits.name(value.strip(), what)
+
+
 def parse_status(text: str | None) -> Status | None:
     if text is None:
         return None
@@ -197,8 +206,8 @@ def parse_filter(params: Mapping[str, str]) -> JobFilter:
         status=parse_status(status),
         retrying=(status or "").lower() == RETRYING,
         error=_text(params, "error"),
-        type=_text(params, "type"),
-        key=_text(params, "key"),
+        type=_name(params, "type", "job type"),
+        key=_name(params, "key", "an idempotency key"),
         payload=parse_payload(payload_text),
         payload_text=payload_text or "",
         created_from=created_from,

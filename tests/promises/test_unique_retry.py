@@ -253,3 +253,20 @@ def test_the_console_retries_and_suspends_by_every_name_enqueue_takes(
     }
     [row] = conn.execute("SELECT suspend FROM rota.schedule WHERE name = %s", (name,)).fetchall()
     assert row == {"suspend": True}
+
+
+def test_the_job_list_filters_by_every_type_and_key_a_job_can_hold(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    name, key = "t" * 600, "k" * 600
+    job_id = rota.enqueue(conn, name, key=key)
+    other = rota.enqueue(conn, "other")
+    with make_client(db_url) as client:
+        for params in ({"type": name}, {"key": key}):
+            found = client.get("/jobs", params=params, headers=BEARER)
+            assert found.status_code == 200, found.text
+            assert f'href="/jobs/{job_id}"' in found.text
+            assert f'href="/jobs/{other}"' not in found.text
+        refused = client.get("/jobs", params={"type": "t" * 1100}, headers=BEARER)
+        assert refused.status_code == 400
+        assert "job type is 1100 bytes long, over the limit of 1024" in refused.text
