@@ -7,10 +7,14 @@ the child it made (``rota.job_child``). So the code may change between runs,
 and a loop names its steps (``f"charge-{i}"``).
 
 `Run` is one attempt's view, made by the worker for each job it runs (see
-`rota.handlers.Context`). Its writes are conditional on the job's lease, like
-outcomes: a worker that lost its lease stores nothing (`LeaseLost`). A step
-runs in a transaction of the run's connection (`Run.conn`): what the step
-writes through it commits with the step's result, once, or not at all.
+`rota.handlers.Context`). It borrows a connection from the worker's
+`RunConnections` and gives it back when the attempt ends, so that a step's
+statement is prepared once per connection rather than once per job, and a
+job's first step does not wait for a new connection. Its writes are
+conditional on the job's lease, like outcomes: a worker that lost its lease
+stores nothing (`LeaseLost`). A step runs in a transaction of the run's
+connection (`Run.conn`): what the step writes through it commits with the
+step's result, once, or not at all.
 
 A sleep, wait or gather whose condition is not met suspends the job in one
 statement (`rota.suspend`, migration 0025): status waiting, the attempt not
@@ -24,18 +28,31 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg import pq
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from rota import limits, sql
-from rota.db import Conn, ConnOrDsn, connect, connection, errors_wrapped, fetch_all
+from rota.db import (
+    APPLICATION_NAME,
+    Conn,
+    ConnOrDsn,
+    connect,
+    connection,
+    errors_wrapped,
+    fetch_all,
+)
 from rota.errors import ChildFailed, InvalidInput, LeaseLost, Permanent, Suspended, TimedOut
 from rota.jobs import Job, NewJob, Status
+from rota.reading import make_tolerant
 from rota.settings import QueueSettings
 
 _DEFAULTS = QueueSettings()
@@ -94,14 +111,77 @@ def trail(conn_or_dsn: ConnOrDsn, job_id: int) -> Trail:
         )
 
 
+class RunConnections:
+    """The connections a worker's runs borrow, one per run at a time, kept
+    between runs (at most `size` of them, each closed after ten idle minutes;
+    none opened before the first run asks). A connection whose run handed it
+    to its handler (`Run.conn`) is closed rather than kept: what the handler
+    set on it stays with it."""
+
+    def __init__(self, dsn: str, size: int) -> None:
+        self.dsn = dsn
+        self.size = max(1, size)
+        self._pool: ConnectionPool[Conn] | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Conn:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.dsn,
+                    min_size=0,
+                    max_size=self.size,
+                    kwargs={
+                        "autocommit": False,
+                        "row_factory": dict_row,
+                        "application_name": APPLICATION_NAME,
+                    },
+                    configure=lambda conn: make_tolerant(conn.adapters),
+                    name="rota-runs",
+                    open=True,
+                )
+            pool = self._pool
+        with errors_wrapped():
+            return pool.getconn()
+
+    def put(self, conn: Conn, keep: bool) -> None:
+        if keep and not conn.closed:
+            try:
+                if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                    conn.rollback()
+            except psycopg.Error:
+                keep = False
+        if not keep:
+            conn.close()
+        assert self._pool is not None
+        self._pool.putconn(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
 class Run:
     """One attempt of one job, as its handler's durable calls see it."""
 
-    def __init__(self, dsn: str, worker_id: str, job: Job) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        worker_id: str,
+        job: Job,
+        connections: RunConnections | None = None,
+        now: datetime | None = None,
+    ) -> None:
         self.dsn = dsn
         self.worker_id = worker_id
         self.job = job
+        self.now = now
+        """The database's clock unless given (tests inject time)."""
+        self._connections = connections
         self._conn: Conn | None = None
+        self._lent = False
         self._stored: dict[str, Any] | None = None
         self._names: set[str] = set()
         self._counts = {"sleep": 0, "gather": 0, "spawn": 0}
@@ -111,14 +191,25 @@ class Run:
     def conn(self) -> Conn:
         """The run's connection (not autocommit). Inside a step, what is written
         through it commits with the step's result; elsewhere commit it yourself."""
+        self._lent = True
+        return self._own()
+
+    def _own(self) -> Conn:
         if self._conn is None:
-            self._conn = connect(self.dsn, autocommit=False)
+            if self._connections is not None:
+                self._conn = self._connections.get()
+            else:
+                self._conn = connect(self.dsn, autocommit=False)
         return self._conn
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._connections is not None:
+            self._connections.put(conn, keep=not self._lent)
+        else:
+            conn.close()
 
     # Steps
 
@@ -171,7 +262,7 @@ class Run:
             "attempt": self.job.attempts,
             "worker": self.worker_id,
             "seconds": time.perf_counter() - started,
-            "now": None,
+            "now": self.now,
         }
         self._in_step = False
         # The step's writes (if it made any through `conn`) and its result commit
@@ -266,7 +357,7 @@ class Run:
             "key": key,
             "children": children,
             "seconds": seconds,
-            "now": None,
+            "now": self.now,
         }
         state = str(self._write(sql.query("suspend"), params)[0]["state"])
         if state == "lost":
@@ -306,7 +397,7 @@ class Run:
         `none_undoes`, an empty result rolls that transaction back instead (a
         step's lease was lost). With no transaction open, the statement commits
         by itself: one round trip, where BEGIN, the statement and COMMIT take three."""
-        conn = self.conn
+        conn = self._own()
         with errors_wrapped():
             if self._in_step:
                 return fetch_all(conn, query, params)

@@ -18,7 +18,7 @@ from typing import Any
 
 from rota import limits
 from rota.db import Conn, connect
-from rota.durable import Run
+from rota.durable import Run, RunConnections
 from rota.errors import InvalidInput
 from rota.jobs import Job
 
@@ -42,6 +42,8 @@ class Context:
     is_async: bool = False
     """The handler is async: the durable calls return awaitables."""
     run: Run | None = dataclasses.field(default=None, compare=False, repr=False)
+    connections: RunConnections | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Where each attempt's run borrows its connection (None: each opens its own)."""
 
     def connect(self) -> Conn:
         """A new connection to the worker's database (autocommit, rows as dicts)."""
@@ -49,7 +51,7 @@ class Context:
 
     def for_job(self, job: Job, is_async: bool = False) -> Context:
         """The context of one attempt of `job` (the worker makes one per attempt)."""
-        run = Run(self.dsn, self.worker_id, job)
+        run = Run(self.dsn, self.worker_id, job, self.connections)
         return dataclasses.replace(self, job=job, is_async=is_async, run=run)
 
     def close(self) -> None:

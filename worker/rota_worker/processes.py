@@ -27,6 +27,7 @@ from typing import Any
 
 from rota import limits
 from rota.claim import Attempt
+from rota.durable import RunConnections
 from rota.handlers import Context, Handler, call, registered
 from rota.jobs import Job, Outcome
 from rota.settings import BackoffSettings
@@ -61,7 +62,7 @@ def _child_main(
     for name in ["rota.archive", *modules]:
         importlib.import_module(name)
     handlers = registered()
-    context = Context(dsn, worker_id)
+    context = Context(dsn, worker_id, connections=RunConnections(dsn, 1))
     conn.send(READY)
     while True:
         try:

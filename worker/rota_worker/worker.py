@@ -32,6 +32,7 @@ from typing import Any
 
 from rota import workers
 from rota.deadlines import Deadlines
+from rota.durable import RunConnections
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.handlers import Context, Handler, registered
 from rota.migrate import require_current
@@ -88,7 +89,7 @@ class Worker:
         self.types = sorted(s.types) if s.types is not None else sorted(self.handlers)
         self.services = list(services) if services is not None else self._default_services()
         self.worker_id = s.worker_id
-        self.context = Context(dsn, self.worker_id)
+        self.context = Context(dsn, self.worker_id, connections=RunConnections(dsn, s.concurrency))
         self.deadlines = d = Deadlines(s.connection)
         self.attempts = Attempts(s.concurrency, s.lease_seconds)
         self.outcomes = OutcomeBuffer(
@@ -221,6 +222,8 @@ class Worker:
             for link in links.values():
                 link.close()
             self.runner.close()
+            if self.context.connections is not None:
+                self.context.connections.close()
             io.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.outcomes.written)
 

@@ -1,0 +1,77 @@
+"""A run borrows its connection from the worker's RunConnections and gives it back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import rota
+from rota.claim import claim
+from rota.durable import Run, RunConnections
+from rota.jobs import Job
+
+
+@pytest.fixture
+def connections(db_url: str) -> Iterator[RunConnections]:
+    made = RunConnections(db_url, 2)
+    yield made
+    made.close()
+
+
+def _claimed(conn) -> Job:
+    rota.enqueue(conn, "t")
+    [job] = claim(conn, "w", 1, 60)
+    return job
+
+
+def _backend(run: Run) -> int:
+    """The server process behind the run's connection."""
+    return int(run._own().info.backend_pid)
+
+
+def test_runs_one_after_another_share_a_connection(conn, db_url, connections) -> None:
+    first = Run(db_url, "w", _claimed(conn), connections)
+    assert first.step("a", lambda: 1) == 1
+    pid = _backend(first)
+    first.close()
+
+    second = Run(db_url, "w", _claimed(conn), connections)
+    assert second.step("a", lambda: 2) == 2
+    assert _backend(second) == pid
+    second.close()
+
+
+def test_a_connection_handed_to_a_handler_is_not_kept(conn, db_url, connections) -> None:
+    lent = Run(db_url, "w", _claimed(conn), connections)
+    lent.conn.execute("SET statement_timeout = '1234ms'")
+    lent.conn.execute("CREATE TABLE left_open (n int)")  # never committed
+    pid = _backend(lent)
+    lent.close()
+
+    after = Run(db_url, "w", _claimed(conn), connections)
+    after.step("a", lambda: 1)
+    assert _backend(after) != pid
+    setting = after._own().execute("SHOW statement_timeout").fetchone()
+    assert setting == {"statement_timeout": "0"}
+    after.close()
+    assert conn.execute("SELECT to_regclass('left_open') AS t").fetchone() == {"t": None}
+
+
+def test_a_step_that_raised_leaves_nothing_open_for_the_next_run(conn, db_url, connections) -> None:
+    def fails() -> None:
+        raise RuntimeError("inside the step")
+
+    failed = Run(db_url, "w", _claimed(conn), connections)
+    with pytest.raises(RuntimeError):
+        failed.step("a", fails)
+    failed.close()
+
+    job = _claimed(conn)
+    after = Run(db_url, "w", job, connections)
+    assert after.step("a", lambda: "stored") == "stored"
+    after.close()
+    stored = conn.execute(
+        "SELECT result FROM rota.job_step WHERE job_id = %s AND name = 'a'", (job.id,)
+    ).fetchone()
+    assert stored == {"result": "stored"}
