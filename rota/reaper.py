@@ -21,6 +21,7 @@ from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.durable import wake_due
 from rota.errors import InvalidInput
 from rota.jobs import Status
+from rota.retry import MAX_RELEASES
 from rota.services import Service
 from rota.settings import BackoffSettings
 
@@ -126,4 +127,5 @@ class Reaper(Service):
             "base": backoff.base_seconds,
             "cap": backoff.cap_seconds,
             "jitter": backoff.jitter,
+            "max_releases": MAX_RELEASES,
         }

@@ -15,6 +15,11 @@ from rota.settings import BackoffSettings
 
 _DEFAULT = BackoffSettings()
 
+MAX_RELEASES = 10
+"""Give-backs in a row that do not count as an attempt (a job given back in an
+outage, a durable job whose worker died after storing a step) before the next
+one counts."""
+
 MAX_ERROR_CHARS = 4000
 """last_error keeps the error type, its message, the end of its traceback, and
 its chain of causes."""

@@ -316,32 +316,52 @@ SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::big
 -- Give expired leases back: ready again after the job's backoff (the attempt
 -- counted, as rota.retry.backoff_seconds computes it for a failed one: base *
 -- 2^(attempts-1), capped, +/- jitter), or dead once the attempts are used up.
+-- A durable job whose run stored a step since it was claimed made progress:
+-- its attempt is not counted (attempts - 1, as a release does) and it is ready
+-- at once, unless %(max_releases)s give-backs in a row went uncounted (a job
+-- that kills its worker after each new step still ends). A run that stored
+-- nothing new is charged, so a job that kills its worker before its next step
+-- ends dead as any other.
 -- Capped batches and SKIP LOCKED keep many reapers out of each other's way;
 -- each expiration is counted in its UTC hour. A job of a limited type that
 -- leaves running frees a slot, and wakes idle workers as an outcome does.
 WITH expired AS (
-    SELECT id, 'LeaseExpired: worker ' || coalesce(locked_by, '?')
-               || ' stopped renewing its lease during attempt ' || attempts AS error
-    FROM rota.job
-    WHERE status = 'running' AND locked_until < coalesce(%(now)s::timestamptz, now())
-    ORDER BY locked_until
+    SELECT j.id,
+           'LeaseExpired: worker ' || coalesce(j.locked_by, '?')
+               || ' stopped renewing its lease during attempt ' || j.attempts AS error,
+           j.releases < %(max_releases)s
+               AND EXISTS (SELECT FROM rota.job_step AS s
+                           WHERE s.job_id = j.id AND s.finished_at >= j.started_at)
+               AS progressed
+    FROM rota.job AS j
+    WHERE j.status = 'running' AND j.locked_until < coalesce(%(now)s::timestamptz, now())
+    ORDER BY j.locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
 reset AS (
     UPDATE rota.job AS j
     SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN expired.progressed THEN 'ready'
                       WHEN j.attempts >= j.max_attempts THEN 'dead'
                       ELSE 'ready' END,
-        run_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => greatest(0, least(
-            %(cap)s::float8,
-            least(%(cap)s::float8,
-                  %(base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 60)))
-            * (1 + %(jitter)s::float8 * (2 * random() - 1))))),
+        run_at = coalesce(%(now)s::timestamptz, now()) + CASE
+            WHEN expired.progressed THEN interval '0'
+            ELSE make_interval(secs => greatest(0, least(
+                %(cap)s::float8,
+                least(%(cap)s::float8,
+                      %(base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 60)))
+                * (1 + %(jitter)s::float8 * (2 * random() - 1)))))
+            END,
+        attempts = CASE WHEN expired.progressed THEN j.attempts - 1 ELSE j.attempts END,
+        releases = CASE WHEN expired.progressed THEN j.releases + 1 ELSE 0 END,
         locked_until = NULL,
-        finished_at = CASE WHEN j.attempts >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                             OR (j.attempts >= j.max_attempts AND NOT expired.progressed)
                            THEN coalesce(%(now)s::timestamptz, now()) END,
-        last_error = expired.error,
+        last_error = expired.error || CASE WHEN expired.progressed
+                                           THEN ' (not counted: the run stored a step)'
+                                           ELSE '' END,
         errors = rota.errors_with(j.errors, j.attempts, coalesce(%(now)s::timestamptz, now()),
                                   expired.error)
     FROM expired

@@ -85,6 +85,14 @@ def test_a_kill_at_every_point_costs_no_step_twice(conn, db_url, tables) -> None
     _check(conn, job_id, POINTS)
 
 
+def test_a_worker_killed_after_each_step_costs_the_job_no_attempt(conn, db_url, tables) -> None:
+    kills = [f"after-{i}" for i in range(STEPS - 1)]
+    job_id = rota.enqueue(conn, "fault.steps", {"steps": STEPS, "kills": kills}, max_attempts=1)
+    _run_to_the_end(conn, db_url, job_id, len(kills))
+    _check(conn, job_id, kills)
+    assert row(conn, job_id)["attempts"] == 1
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_kills_cost_no_step_twice(conn, db_url, tables, seed: int) -> None:
     kills = random.Random(seed).sample(POINTS, random.Random(seed).randint(1, 3))

@@ -29,7 +29,7 @@ from rota.decoding import Unreadable
 from rota.errors import Cancelled, Permanent, Retry, Suspended
 from rota.handlers import Context, Handler, acall
 from rota.jobs import Job, Outcome
-from rota.retry import backoff_seconds, describe_error
+from rota.retry import MAX_RELEASES, backoff_seconds, describe_error
 from rota.settings import BackoffSettings
 from rota_worker.attempts import Event, Execution
 
@@ -42,8 +42,6 @@ for every consecutive give-back."""
 OUTAGE_RETRY_MAX_SECONDS = 300.0
 """The longest wait of a job given back for an outage."""
 
-MAX_RELEASES = 10
-"""Consecutive outage give-backs a job gets before the next counts as an attempt."""
 
 SyncRunner = Callable[[Handler, Job, Context, Callable[[], None]], Awaitable[Any]]
 """How a sync handler is run: in a thread, or in a child process. It calls the
