@@ -57,6 +57,9 @@ from rota.settings import QueueSettings
 
 _DEFAULTS = QueueSettings()
 
+_SAME_IN_JSON = frozenset({str, int, bool, type(None)})
+"""Types whose values JSON gives back equal and of the same type."""
+
 CHILD_OPTIONS = frozenset({"run_at", "delay", "max_attempts", "priority", "timeout", "group"})
 """What `spawn` passes on to its child, as `rota.enqueue` takes it."""
 
@@ -132,7 +135,7 @@ class RunConnections:
                     min_size=0,
                     max_size=self.size,
                     kwargs={
-                        "autocommit": False,
+                        "autocommit": True,
                         "row_factory": dict_row,
                         "application_name": APPLICATION_NAME,
                     },
@@ -191,15 +194,21 @@ class Run:
     def conn(self) -> Conn:
         """The run's connection (not autocommit). Inside a step, what is written
         through it commits with the step's result; elsewhere commit it yourself."""
-        self._lent = True
-        return self._own()
+        conn = self._own()
+        if not self._lent:
+            # Until a handler asks for it, the run's own statements each commit
+            # by themselves; from here on they join the handler's transaction.
+            self._lent = True
+            with errors_wrapped():
+                conn.autocommit = False
+        return conn
 
     def _own(self) -> Conn:
         if self._conn is None:
             if self._connections is not None:
                 self._conn = self._connections.get()
             else:
-                self._conn = connect(self.dsn, autocommit=False)
+                self._conn = connect(self.dsn)
         return self._conn
 
     def close(self) -> None:
@@ -270,16 +279,18 @@ class Run:
         rows = self._write(sql.query("save_step"), params, none_undoes=True)
         if not rows:
             raise LeaseLost(f"job {self.job.id}: lease lost before step {name!r} was stored")
-        stored = json.loads(encoded)
+        # What a later run reads back: JSON's reading of the value.
+        stored = value if type(value) in _SAME_IN_JSON else json.loads(encoded)
         assert self._stored is not None
         self._stored[name] = stored
         return stored
 
     def _abandon_step(self) -> None:
         self._in_step = False
-        if self._conn is not None:
+        conn = self._conn
+        if conn is not None and conn.info.transaction_status != pq.TransactionStatus.IDLE:
             with errors_wrapped():
-                self._conn.rollback()
+                conn.rollback()
 
     # Waits
 
@@ -396,10 +407,11 @@ class Run:
         holds; inside a step, in the step's transaction, committed with it. With
         `none_undoes`, an empty result rolls that transaction back instead (a
         step's lease was lost). With no transaction open, the statement commits
-        by itself: one round trip, where BEGIN, the statement and COMMIT take three."""
+        by itself: one round trip, where BEGIN, the statement and COMMIT take three
+        (and so does every statement of a run whose handler never asked for `conn`)."""
         conn = self._own()
         with errors_wrapped():
-            if self._in_step:
+            if self._in_step or conn.autocommit:
                 return fetch_all(conn, query, params)
             if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                 conn.autocommit = True

@@ -18,7 +18,7 @@ WHERE EXISTS (SELECT FROM rota.job
               WHERE id = %(job)s AND status = 'running' AND locked_by = %(worker)s
                 AND attempts = %(attempt)s)
 ON CONFLICT (job_id, name) DO NOTHING
-RETURNING finished_at
+RETURNING true AS stored
 
 -- name: event_payload
 SELECT true AS emitted, payload FROM rota.job_event WHERE key = %(key)s

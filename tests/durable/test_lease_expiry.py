@@ -63,9 +63,7 @@ def test_a_run_that_stored_nothing_new_is_charged(conn, db_url) -> None:
     assert (row(conn, job_id)["status"], row(conn, job_id)["attempts"]) == ("dead", 2)
 
 
-def test_a_job_that_stores_a_step_and_dies_every_time_is_charged_after_ten(
-    conn, db_url
-) -> None:
+def test_a_job_that_stores_a_step_and_dies_every_time_is_charged_after_ten(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "t", max_attempts=1)
     at = None
     for i in range(11):
