@@ -404,7 +404,35 @@ def report(results: dict[str, Any]) -> str:
                 f" {thr['steps_per_second']:.0f} | {thr['server_cpu_ms_per_step']:.3f} |"
                 f" {thr['worker_cpu_ms_per_step']:.3f} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *goals(results)]) + "\n"
+
+
+def goals(results: dict[str, Any]) -> list[str]:
+    """Rota against the goals of its durable jobs, each within this run."""
+    if "rota" not in results:
+        return []
+    rota_ = results["rota"]
+    p50 = rota_["latency"]["p50_ms"]
+    rows = [("step checkpoint p50 (ms)", f"{p50:.2f}", "<= 0.5", p50 <= 0.5)]
+    if "absurd" in results:
+        ratio = (
+            rota_["throughput"]["steps_per_second"]
+            / results["absurd"]["throughput"]["steps_per_second"]
+        )
+        rows.append(("steps/s over Absurd's", f"{ratio:.2f}", ">= 3", ratio >= 3))
+    cpu = rota_["throughput"]["server_cpu_ms_per_step"]
+    for peer in ("dbos", "absurd"):
+        if peer in results:
+            theirs = results[peer]["throughput"]["server_cpu_ms_per_step"]
+            rows.append(
+                (f"server CPU per step over {peer}'s", f"{cpu / theirs:.2f}", "< 1", cpu < theirs)
+            )
+    lines = ["| goal | Rota | target | met |", "|---|---|---|---|"]
+    lines += [
+        f"| {what} | {value} | {target} | {'yes' if met else 'no'} |"
+        for what, value, target, met in rows
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
