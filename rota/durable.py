@@ -119,16 +119,20 @@ class RunConnections:
     between runs (at most `size` of them, each closed after ten idle minutes;
     none opened before the first run asks). A connection whose run handed it
     to its handler (`Run.conn`) is closed rather than kept: what the handler
-    set on it stays with it."""
+    set on it stays with it. Once closed (the worker stopped), a run that is
+    still going gets a connection of its own, closed at its end."""
 
     def __init__(self, dsn: str, size: int) -> None:
         self.dsn = dsn
         self.size = max(1, size)
         self._pool: ConnectionPool[Conn] | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def get(self) -> Conn:
         with self._lock:
+            if self._closed:
+                return connect(self.dsn)
             if self._pool is None:
                 self._pool = ConnectionPool(
                     self.dsn,
@@ -154,14 +158,16 @@ class RunConnections:
                     conn.rollback()
             except psycopg.Error:
                 keep = False
-        if not keep:
+        with self._lock:
+            pool = self._pool
+        if not keep or pool is None:
             conn.close()
-        assert self._pool is not None
-        self._pool.putconn(conn)
+        if pool is not None:
+            pool.putconn(conn)  # closed or not: the pool's count of connections goes down
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
             pool.close()
 

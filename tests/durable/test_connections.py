@@ -75,3 +75,16 @@ def test_a_step_that_raised_leaves_nothing_open_for_the_next_run(conn, db_url, c
         "SELECT result FROM rota.job_step WHERE job_id = %s AND name = 'a'", (job.id,)
     ).fetchone()
     assert stored == {"result": "stored"}
+
+
+def test_a_run_still_going_when_the_worker_stops_gets_its_own_connection(
+    conn, db_url, connections
+) -> None:
+    going = Run(db_url, "w", _claimed(conn), connections)
+    going.step("a", lambda: 1)
+    connections.close()
+    going.close()  # its borrowed connection is closed, not kept
+
+    late = Run(db_url, "w", _claimed(conn), connections)
+    assert late.step("a", lambda: 2) == 2
+    late.close()
