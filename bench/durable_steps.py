@@ -46,6 +46,8 @@ from bench.server import cpu_seconds_of
 
 STEPS = 10
 WORKERS = 3
+SLOW_STEP_SECONDS = 0.2
+CRASH_LEASE_SECONDS = 5.0
 OUT_ENV = "BENCH_DURABLE_OUT"
 
 
@@ -69,6 +71,12 @@ def ten_steps(job: rota.Job, ctx: rota.Context) -> None:
         ctx.step(f"s{i}", _noop)
         times.append(time.perf_counter() - began)
     _record(times)
+
+
+@rota.handler("bench.slow.steps")
+def slow_steps(job: rota.Job, ctx: rota.Context) -> None:
+    for i in range(STEPS):
+        ctx.step(f"s{i}", time.sleep, SLOW_STEP_SECONDS)
 
 
 # -- the peers' workers -----------------------------------------------------------
@@ -354,6 +362,44 @@ def throughput(
     }
 
 
+def crash_resume(system: Rota) -> dict[str, float]:
+    """Kill (SIGKILL) Rota's worker after the third of ten slow steps, start
+    another one at once, and time how long the job takes to store its fourth
+    step; then how many attempts it was charged once done."""
+    system.reset()
+    job_id = rota.enqueue(system.dsn, "bench.slow.steps")
+    argv = [sys.executable, "-m", "rota", "worker", "--handlers", "bench.durable_steps"]
+    argv += ["--concurrency", "1", "--no-scheduler", "--lease", f"{CRASH_LEASE_SECONDS:g}"]
+    env = {"ROTA_DATABASE_URL": system.dsn}
+    steps = "SELECT count(*) FROM rota.job_step WHERE job_id = %s"
+    with psycopg.connect(system.dsn, autocommit=True) as conn:
+
+        def stored() -> int:
+            row = conn.execute(steps, (job_id,)).fetchone()
+            return int(row[0]) if row else 0
+
+        first = _spawn(argv, env)
+        try:
+            _wait(lambda: stored() >= 3, 120, "the crash job's third step")
+        finally:
+            first.kill()
+            first.wait(60)
+        killed, before = time.perf_counter(), stored()
+        second = _spawn(argv, env)
+        try:
+            _wait(lambda: stored() > before, 120, "the crash job's next step")
+            resumed = time.perf_counter() - killed
+            _wait(lambda: system.done(conn) >= 1, 120, "the crash job")
+        finally:
+            _stop([second])
+        row = conn.execute("SELECT attempts FROM rota.job WHERE id = %s", (job_id,)).fetchone()
+    return {
+        "lease_seconds": CRASH_LEASE_SECONDS,
+        "resumed_after_seconds": resumed,
+        "attempts": int(row[0]) if row else -1,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.server import Server
     from rota.testing import EmbeddedPostgres
@@ -381,6 +427,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             measured = {"latency": latency(system, args.latency_jobs, tmp)}
             print(f"... {cls.name}: throughput", file=sys.stderr, flush=True)
             measured["throughput"] = throughput(system, args.jobs, args.concurrency, tmp, server)
+            if isinstance(system, Rota):
+                print(f"... {cls.name}: a worker killed mid-job", file=sys.stderr, flush=True)
+                measured["crash"] = crash_resume(system)
             results[cls.name] = measured
         results["about"]["load_average_at_end"] = list(os.getloadavg())
         server.close()
@@ -427,6 +476,24 @@ def goals(results: dict[str, Any]) -> list[str]:
             rows.append(
                 (f"server CPU per step over {peer}'s", f"{cpu / theirs:.2f}", "< 1", cpu < theirs)
             )
+    crash = rota_.get("crash")
+    if crash:
+        rows.append(
+            (
+                f"a killed worker's job resumes within one lease ({crash['lease_seconds']:g} s)",
+                f"{crash['resumed_after_seconds']:.1f} s",
+                f"<= {crash['lease_seconds']:g} s",
+                crash["resumed_after_seconds"] <= crash["lease_seconds"],
+            )
+        )
+        rows.append(
+            (
+                "attempts charged to it, once done",
+                str(crash["attempts"]),
+                "1",
+                crash["attempts"] == 1,
+            )
+        )
     lines = ["| goal | Rota | target | met |", "|---|---|---|---|"]
     lines += [
         f"| {what} | {value} | {target} | {'yes' if met else 'no'} |"

@@ -366,7 +366,7 @@ reset AS (
                                   expired.error)
     FROM expired
     WHERE j.id = expired.id
-    RETURNING j.id, j.status, j.type
+    RETURNING j.id, j.status, j.type, expired.progressed
 ),
 counted AS (
     INSERT INTO rota.lease_expiration (hour, count)
@@ -375,13 +375,23 @@ counted AS (
     HAVING count(*) > 0
     ON CONFLICT (hour) DO UPDATE SET count = rota.lease_expiration.count + excluded.count
 ),
--- A slot of a limited type came free: idle workers wake to claim the jobs the
--- limit held back (see write_outcomes).
+-- A slot of a limited type came free, or a durable job is ready at once: idle
+-- workers wake to claim (see write_outcomes).
 woken AS (
     SELECT pg_notify('rota_jobs', '')
     WHERE EXISTS (SELECT FROM reset JOIN rota.job_limit AS l ON l.type = reset.type)
+       OR EXISTS (SELECT FROM reset WHERE reset.progressed AND reset.status = 'ready')
 )
 SELECT id, status, type FROM reset LEFT JOIN woken ON true
+
+-- name: reaper_next_due
+-- How long until the reaper has something to do: the earliest lease to expire
+-- (a renewed lease moves on; a dead worker's stays where it was) or waiting job
+-- to come due, through the partial indexes of running and waiting rows. NULL
+-- when there is neither.
+SELECT least((SELECT min(locked_until) FROM rota.job WHERE status = 'running'),
+             (SELECT min(run_at) FROM rota.job WHERE status = 'waiting'))
+       - now() AS wait
 
 -- name: list_jobs
 -- The newest jobs, of one status and type when given. The type index holds

@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 import rota
 from rota.claim import claim
 from rota.durable import Run
@@ -73,3 +75,23 @@ def test_a_job_that_stores_a_step_and_dies_every_time_is_charged_after_ten(conn,
         if i < 10:
             assert (row(conn, job_id)["status"], row(conn, job_id)["attempts"]) == ("ready", 0)
     assert (row(conn, job_id)["status"], row(conn, job_id)["attempts"]) == ("dead", 1)
+
+
+def test_the_reaper_wakes_when_the_earliest_lease_expires(conn, db_url) -> None:
+    reaper = Reaper()
+    assert reaper.next_wait(conn) == reaper.settings.interval_seconds  # nothing running
+    rota.enqueue(conn, "t")
+    claim(conn, "w", 1, 2.0)
+    assert 0 < reaper.next_wait(conn) <= 2.01
+    conn.execute("UPDATE rota.job SET locked_until = now() - interval '1 minute'")
+    assert reaper.next_wait(conn) == 0.01  # expired already: at once
+
+
+def test_a_durable_job_given_back_at_once_wakes_idle_workers(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "t")
+    _crash_after(db_url, _claim(conn), "a")
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN rota_jobs")
+        assert _reap(db_url, later(conn, 2 * LEASE)) == [job_id]
+        heard = [n.channel for n in listener.notifies(timeout=10, stop_after=1)]
+    assert heard == ["rota_jobs"]
