@@ -6,7 +6,9 @@ Each system gets a database of its own on one embedded server, its schema
 installed as its documentation says (Rota: `rota migrate`; DBOS: launched on
 its system database; Absurd: `absurdctl init` and `create-queue`), and the same
 job: ten steps in a row whose functions do nothing, so that what is measured is
-what a step costs, its checkpoint. Two measurements:
+what a step costs, its checkpoint. In rounds (3 by default, each starting with
+another system), two measurements, whose medians are reported with each
+round's steps per second:
 
 - Checkpoint latency: one worker process running one job at a time; every step
   call timed inside the handler (the first step of a job includes reading what
@@ -15,6 +17,9 @@ what a step costs, its checkpoint. Two measurements:
   advance. Steps per second between 5 % and 100 % of the jobs done (worker
   start-up left out), and the server's CPU per step over the same window
   (bench.server: the postmaster and its children, from /proc).
+- Rota alone, once: a worker killed (SIGKILL) after the third of ten slow
+  steps, another started at once; how long until the job stored its fourth
+  step, against its lease (5 s), and the attempts it was charged once done.
 
 The worker processes of the peers are this module's entry points:
 
@@ -319,7 +324,7 @@ def percentile(values: list[float], fraction: float) -> float:
 def latency(system: System, jobs: int, tmp: str) -> dict[str, float]:
     system.reset()
     system.enqueue(jobs)
-    out = f"{tmp}/{system.name}-latency"
+    out = tempfile.mkdtemp(dir=tmp) + f"/{system.name}-latency"  # this round's own
     worker = system.worker(out, 1)
     try:
         with psycopg.connect(system.dsn, autocommit=True) as conn:
@@ -340,7 +345,7 @@ def throughput(
 ) -> dict[str, float]:
     system.reset()
     system.enqueue(jobs)
-    out = f"{tmp}/{system.name}-throughput"
+    out = tempfile.mkdtemp(dir=tmp) + f"/{system.name}-throughput"
     workers = [system.worker(out, concurrency) for _ in range(WORKERS)]
     try:
         with psycopg.connect(system.dsn, autocommit=True) as conn:
@@ -416,24 +421,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "latency_jobs": args.latency_jobs,
             "workers": WORKERS,
             "concurrency": args.concurrency,
+            "rounds": args.rounds,
         }
+        systems: list[System] = []
         for cls in (Rota, Dbos, Absurd):
-            if cls.name not in args.only:
-                continue
-            system = cls(pg.create_database(f"bench_{cls.name}"), bindir)
-            print(f"... {cls.name}: install", file=sys.stderr, flush=True)
-            system.install()
-            print(f"... {cls.name}: latency", file=sys.stderr, flush=True)
-            measured = {"latency": latency(system, args.latency_jobs, tmp)}
-            print(f"... {cls.name}: throughput", file=sys.stderr, flush=True)
-            measured["throughput"] = throughput(system, args.jobs, args.concurrency, tmp, server)
-            if isinstance(system, Rota):
-                print(f"... {cls.name}: a worker killed mid-job", file=sys.stderr, flush=True)
-                measured["crash"] = crash_resume(system)
-            results[cls.name] = measured
+            if cls.name in args.only:
+                made: System = cls(pg.create_database(f"bench_{cls.name}"), bindir)
+                print(f"... {cls.name}: install", file=sys.stderr, flush=True)
+                made.install()
+                systems.append(made)
+        rounds: dict[str, list[dict[str, Any]]] = {one.name: [] for one in systems}
+        for r in range(args.rounds):
+            # Each round starts with another system, so none is always first.
+            for one in systems[r % len(systems) :] + systems[: r % len(systems)]:
+                print(f"... round {r + 1}: {one.name}", file=sys.stderr, flush=True)
+                rounds[one.name].append(
+                    {
+                        "latency": latency(one, args.latency_jobs, tmp),
+                        "throughput": throughput(one, args.jobs, args.concurrency, tmp, server),
+                    }
+                )
+        for one in systems:
+            results[one.name] = _medians(rounds[one.name])
+            if isinstance(one, Rota):
+                print(f"... {one.name}: a worker killed mid-job", file=sys.stderr, flush=True)
+                results[one.name]["crash"] = crash_resume(one)
         results["about"]["load_average_at_end"] = list(os.getloadavg())
         server.close()
     return results
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each measure's median over the rounds, and the rounds themselves."""
+    return {
+        part: {key: statistics.median(r[part][key] for r in rounds) for key in rounds[0][part]}
+        for part in ("latency", "throughput")
+    } | {"rounds": rounds}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -448,11 +471,14 @@ def report(results: dict[str, Any]) -> str:
     for name in ("rota", "dbos", "absurd"):
         if name in results:
             lat, thr = results[name]["latency"], results[name]["throughput"]
+            rates = [r["throughput"]["steps_per_second"] for r in results[name]["rounds"]]
             lines.append(
                 f"| {name} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} |"
-                f" {thr['steps_per_second']:.0f} | {thr['server_cpu_ms_per_step']:.3f} |"
-                f" {thr['worker_cpu_ms_per_step']:.3f} |"
+                f" {thr['steps_per_second']:.0f} ({', '.join(f'{x:.0f}' for x in rates)}) |"
+                f" {thr['server_cpu_ms_per_step']:.3f} | {thr['worker_cpu_ms_per_step']:.3f} |"
             )
+    about = results["about"]
+    lines += ["", f"Medians of {about['rounds']} round(s), each round's steps/s in brackets."]
     return "\n".join([*lines, "", *goals(results)]) + "\n"
 
 
@@ -513,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-jobs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8, help="per worker process")
     parser.add_argument("--only", nargs="+", default=["rota", "dbos", "absurd"])
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds, each system in turn (medians reported)"
+    )
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args(argv)
     results = run(args)
