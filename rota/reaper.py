@@ -89,12 +89,7 @@ class Reaper(Service):
     def next_wait(self, conn: Conn) -> float:
         """Until the earliest lease expires or waiting job comes due, at most the
         interval: a dead worker's job is back within its lease, not a pass later."""
-        with connection(conn) as c:
-            rows = fetch_all(c, sql.query("reaper_next_due"))
-        wait = self.settings.interval_seconds
-        if rows and rows[0]["wait"] is not None:
-            wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
-        return wait
+        return self.wait_until_due(conn, sql.query("reaper_next_due"))
 
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> ReapResult:
         """Reset expired leases, batch after batch, until none is left (or the cap)."""

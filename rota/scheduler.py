@@ -108,12 +108,7 @@ class Scheduler(Service):
 
     def next_wait(self, conn: Conn) -> float:
         """How long to sleep: until the earliest schedule is due, at most the poll interval."""
-        with connection(conn) as c:
-            rows = fetch_all(c, sql.query("schedule_earliest_due"), {"now": None})
-        wait = self.settings.poll_interval_seconds
-        if rows and rows[0]["wait"] is not None:
-            wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
-        return wait
+        return self.wait_until_due(conn, sql.query("schedule_earliest_due"), {"now": None})
 
     def run_once(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> SchedulerResult:
         """Handle every due schedule, each in its own transaction."""

@@ -67,6 +67,19 @@ class Service(abc.ABC):
         """Seconds to wait before the next pass (a service may know it sooner)."""
         return self.interval_seconds
 
+    def wait_until_due(
+        self, conn: db.Conn, query: str, params: dict[str, object] | None = None
+    ) -> float:
+        """`next_wait` from `query`, whose one row's `wait` (an interval, NULL for
+        nothing due) says how long until the next thing to do: just past it,
+        at once if it has passed, and never longer than the interval."""
+        with db.connection(conn) as c:
+            rows = db.fetch_all(c, query, params)
+        wait = self.interval_seconds
+        if rows and rows[0]["wait"] is not None:
+            wait = min(wait, max(rows[0]["wait"].total_seconds(), 0.0) + 0.01)
+        return wait
+
 
 class ServiceLoop(Loop):
     """A service's passes on the one loop shape (`rota.loops.Loop`): its own
