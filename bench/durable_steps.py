@@ -159,6 +159,8 @@ def _sqlalchemy_url(dsn: str) -> str:
 class System:
     name: str
     done_sql: str
+    reset_sql: tuple[str, ...]
+    """What forgets the jobs of the previous measurement."""
 
     def __init__(self, dsn: str, bindir: Path) -> None:
         self.dsn = dsn
@@ -178,7 +180,9 @@ class System:
         return int(row[0]) if row else 0
 
     def reset(self) -> None:
-        """Forget the jobs of the previous measurement."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for statement in self.reset_sql:
+                conn.execute(statement.encode())
 
 
 def _spawn(
@@ -193,6 +197,7 @@ def _spawn(
 class Rota(System):
     name = "rota"
     done_sql = "SELECT count(*) FROM rota.job WHERE status = 'done'"
+    reset_sql = ("DELETE FROM rota.job",)
 
     def install(self) -> None:
         rota.migrate(self.dsn)
@@ -200,19 +205,16 @@ class Rota(System):
     def enqueue(self, jobs: int) -> None:
         rota.enqueue_many(self.dsn, [rota.NewJob("bench.ten.steps") for _ in range(jobs)])
 
-    def worker(self, out: str, concurrency: int) -> subprocess.Popen[bytes]:
+    def worker(self, out: str, concurrency: int, *more: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "rota", "worker", "--handlers", "bench.durable_steps"]
         argv += ["--concurrency", str(concurrency), "--no-scheduler", "--poll-interval", "0.05"]
-        return _spawn(argv, {"ROTA_DATABASE_URL": self.dsn, OUT_ENV: out})
-
-    def reset(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("DELETE FROM rota.job")
+        return _spawn([*argv, *more], {"ROTA_DATABASE_URL": self.dsn, OUT_ENV: out})
 
 
 class Dbos(System):
     name = "dbos"
     done_sql = "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+    reset_sql = ("DELETE FROM dbos.workflow_status",)
 
     def install(self) -> None:
         # DBOS creates its system database schema on launch: one worker started
@@ -240,14 +242,11 @@ class Dbos(System):
         argv = [sys.executable, "-m", "bench.durable_steps", "dbos-worker", self.dsn, out]
         return _spawn([*argv, str(concurrency)], log=f"{out}.log")
 
-    def reset(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("DELETE FROM dbos.workflow_status")
-
 
 class Absurd(System):
     name = "absurd"
     done_sql = "SELECT count(*) FROM absurd.t_default WHERE state = 'completed'"
+    reset_sql = ("SELECT absurd.drop_queue('default')", "SELECT absurd.create_queue('default')")
 
     def install(self) -> None:
         ctl = str(self.bindir / "absurdctl")
@@ -267,11 +266,6 @@ class Absurd(System):
     def worker(self, out: str, concurrency: int) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "bench.durable_steps", "absurd-worker", self.dsn, out]
         return _spawn([*argv, str(concurrency)])
-
-    def reset(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("SELECT absurd.drop_queue('default')")
-            conn.execute("SELECT absurd.create_queue('default')")
 
 
 def _uri(dsn: str) -> str:
@@ -373,9 +367,7 @@ def crash_resume(system: Rota) -> dict[str, float]:
     step; then how many attempts it was charged once done."""
     system.reset()
     job_id = rota.enqueue(system.dsn, "bench.slow.steps")
-    argv = [sys.executable, "-m", "rota", "worker", "--handlers", "bench.durable_steps"]
-    argv += ["--concurrency", "1", "--no-scheduler", "--lease", f"{CRASH_LEASE_SECONDS:g}"]
-    env = {"ROTA_DATABASE_URL": system.dsn}
+    lease = ("--lease", f"{CRASH_LEASE_SECONDS:g}")
     steps = "SELECT count(*) FROM rota.job_step WHERE job_id = %s"
     with psycopg.connect(system.dsn, autocommit=True) as conn:
 
@@ -383,14 +375,14 @@ def crash_resume(system: Rota) -> dict[str, float]:
             row = conn.execute(steps, (job_id,)).fetchone()
             return int(row[0]) if row else 0
 
-        first = _spawn(argv, env)
+        first = system.worker(os.devnull, 1, *lease)
         try:
             _wait(lambda: stored() >= 3, 120, "the crash job's third step")
         finally:
             first.kill()
             first.wait(60)
         killed, before = time.perf_counter(), stored()
-        second = _spawn(argv, env)
+        second = system.worker(os.devnull, 1, *lease)
         try:
             _wait(lambda: stored() > before, 120, "the crash job's next step")
             resumed = time.perf_counter() - killed
