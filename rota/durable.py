@@ -32,11 +32,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -59,6 +59,9 @@ _DEFAULTS = QueueSettings()
 
 _SAME_IN_JSON = frozenset({str, int, bool, type(None)})
 """Types whose values JSON gives back equal and of the same type."""
+
+_Sent = TypeVar("_Sent")
+"""What a run's statement answers: its rows, or how many it stored."""
 
 CHILD_OPTIONS = frozenset({"run_at", "delay", "max_attempts", "priority", "timeout", "group"})
 """What `spawn` passes on to its child, as `rota.enqueue` takes it."""
@@ -120,11 +123,14 @@ class RunConnections:
     none opened before the first run asks). A connection whose run handed it
     to its handler (`Run.conn`) is closed rather than kept: what the handler
     set on it stays with it. Once closed (the worker stopped), a run that is
-    still going gets a connection of its own, closed at its end."""
+    still going gets a connection of its own, closed at its end. Without
+    `prepared_statements` (a pooler in transaction mode, see
+    `rota.settings.ConnectionSettings`) nothing is prepared on them."""
 
-    def __init__(self, dsn: str, size: int) -> None:
+    def __init__(self, dsn: str, size: int, *, prepared_statements: bool = True) -> None:
         self.dsn = dsn
         self.size = max(1, size)
+        self._options: dict[str, Any] = {} if prepared_statements else {"prepare_threshold": None}
         self._pool: ConnectionPool[Conn] | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -132,7 +138,7 @@ class RunConnections:
     def get(self) -> Conn:
         with self._lock:
             if self._closed:
-                return connect(self.dsn)
+                return connect(self.dsn, **self._options)
             if self._pool is None:
                 self._pool = ConnectionPool(
                     self.dsn,
@@ -142,6 +148,7 @@ class RunConnections:
                         "autocommit": True,
                         "row_factory": dict_row,
                         "application_name": APPLICATION_NAME,
+                        **self._options,
                     },
                     configure=lambda conn: make_tolerant(conn.adapters),
                     name="rota-runs",
@@ -190,6 +197,7 @@ class Run:
         """The database's clock unless given (tests inject time)."""
         self._connections = connections
         self._conn: Conn | None = None
+        self._raw: psycopg.RawCursor[tuple[Any, ...]] | None = None
         self._lent = False
         self._stored: dict[str, Any] | None = None
         self._names: set[str] = set()
@@ -218,7 +226,9 @@ class Run:
         return self._conn
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, raw, self._raw = self._conn, None, self._raw, None
+        if raw is not None:
+            raw.close()
         if conn is None:
             return
         if self._connections is not None:
@@ -261,8 +271,7 @@ class Run:
         if self._in_step:
             raise Permanent(f"step {name!r} runs inside another step: steps do not nest")
         if self._stored is None:
-            rows = self._read(sql.query("steps_of_job"), {"job": self.job.id})
-            self._stored = {row["name"]: row["result"] for row in rows}
+            self._stored = dict(self._commit(self._stored_steps))
         if name in self._stored:
             return True, self._stored[name]
         self._in_step = True
@@ -270,26 +279,40 @@ class Run:
 
     def _end_step(self, name: str, value: Any, started: float) -> Any:
         encoded = limits.encode_result(value)
-        params = {
-            "job": self.job.id,
-            "name": name,
-            "result": encoded,
-            "attempt": self.job.attempts,
-            "worker": self.worker_id,
-            "seconds": time.perf_counter() - started,
-            "now": self.now,
-        }
         self._in_step = False
         # The step's writes (if it made any through `conn`) and its result commit
         # together; a step that wrote nothing stores its result in one round trip.
-        rows = self._write(sql.query("save_step"), params, none_undoes=True)
-        if not rows:
+        save = sql.query("save_step")
+        args = (
+            self.job.id,
+            name,
+            encoded,
+            self.job.attempts,
+            time.perf_counter() - started,
+            self.worker_id,
+            self.now,
+        )
+        stored_rows = self._commit(
+            lambda conn: self._cursor(conn).execute(save, args).rowcount, none_undoes=True
+        )
+        if not stored_rows:
             raise LeaseLost(f"job {self.job.id}: lease lost before step {name!r} was stored")
         # What a later run reads back: JSON's reading of the value.
         stored = value if type(value) in _SAME_IN_JSON else json.loads(encoded)
         assert self._stored is not None
         self._stored[name] = stored
         return stored
+
+    def _stored_steps(self, conn: Conn) -> list[tuple[Any, ...]]:
+        """(name, result) of every step of the job stored before this run."""
+        return self._cursor(conn).execute(sql.query("steps_of_job"), (self.job.id,)).fetchall()
+
+    def _cursor(self, conn: Conn) -> psycopg.RawCursor[tuple[Any, ...]]:
+        """The cursor of the statements a run sends for each job and step: their
+        parameters positional, so psycopg has no named parameters to convert."""
+        if self._raw is None:
+            self._raw = psycopg.RawCursor(conn, row_factory=tuple_row)
+        return self._raw
 
     def _abandon_step(self) -> None:
         self._in_step = False
@@ -409,28 +432,33 @@ class Run:
     def _write(
         self, query: str, params: dict[str, Any], *, none_undoes: bool = False
     ) -> list[dict[str, Any]]:
-        """Run `query` and commit, with what the connection's open transaction
-        holds; inside a step, in the step's transaction, committed with it. With
-        `none_undoes`, an empty result rolls that transaction back instead (a
-        step's lease was lost). With no transaction open, the statement commits
-        by itself: one round trip, where BEGIN, the statement and COMMIT take three
-        (and so does every statement of a run whose handler never asked for `conn`)."""
+        """Run `query` and commit (see `_commit`)."""
+        return self._commit(lambda conn: fetch_all(conn, query, params), none_undoes=none_undoes)
+
+    def _commit(self, send: Callable[[Conn], _Sent], *, none_undoes: bool = False) -> _Sent:
+        """Send a statement (`send`) and commit, with what the connection's open
+        transaction holds; inside a step, in the step's transaction, committed with
+        it. With `none_undoes`, an empty answer (no rows, or none stored) rolls
+        that transaction back instead (a step's lease was lost). With no
+        transaction open, the statement commits by itself: one round trip, where
+        BEGIN, the statement and COMMIT take three (and so does every statement of
+        a run whose handler never asked for `conn`)."""
         conn = self._own()
         with errors_wrapped():
             if self._in_step or conn.autocommit:
-                return fetch_all(conn, query, params)
+                return send(conn)
             if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                 conn.autocommit = True
                 try:
-                    return fetch_all(conn, query, params)
+                    return send(conn)
                 finally:
                     conn.autocommit = False
-            rows = fetch_all(conn, query, params)
-            if rows or not none_undoes:
+            sent = send(conn)
+            if sent or not none_undoes:
                 conn.commit()
             else:
                 conn.rollback()
-            return rows
+            return sent
 
 
 def _child_params(

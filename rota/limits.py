@@ -284,7 +284,22 @@ def encode_result(value: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     return _encode_json(value, max_bytes, "the handler's return value")
 
 
+_SCALARS = {None: "null", True: "true", False: "false"}
+"""The JSON of the values a step or handler returns most, with nothing to check."""
+
+_SMALL_INT = 2**53
+"""Integers below this in size are their own JSON, a few bytes long."""
+
+
 def _encode_json(value: Any, max_bytes: int, what: str) -> str:
+    if value is None or type(value) is bool:
+        encoded = _SCALARS[value]
+        if len(encoded) <= max_bytes:
+            return encoded
+    elif type(value) is int and -_SMALL_INT < value < _SMALL_INT:
+        encoded = str(value)
+        if len(encoded) <= max_bytes:
+            return encoded
     _check_tree(value, max_bytes, what)
     try:
         encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)

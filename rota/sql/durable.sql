@@ -4,21 +4,25 @@
 
 -- name: steps_of_job
 -- Every completed step of a job, read once by a run before its first step.
-SELECT name, result FROM rota.job_step WHERE job_id = %(job)s
+-- Sent through the run's raw cursor, as save_step is: $1 job.
+SELECT name, result FROM rota.job_step WHERE job_id = $1::bigint
 
 -- name: save_step
 -- A step completed: stored once, in the transaction of whatever the step
 -- wrote through the run's connection, if the lease is still held. No row
--- back: the lease is gone (or the step was stored already), roll back.
+-- stored (rowcount 0): the lease is gone (or the step was stored already),
+-- roll back. The statement a run sends most, so its parameters are
+-- positional, sent through a raw cursor (no named-parameter conversion):
+-- $1 job, $2 name, $3 result, $4 attempt, $5 seconds the step took,
+-- $6 worker, $7 now (NULL: the database's clock).
 INSERT INTO rota.job_step (job_id, name, result, attempt, started_at, finished_at)
-SELECT %(job)s, %(name)s, %(result)s::jsonb, %(attempt)s,
-       coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(seconds)s::float8),
-       coalesce(%(now)s::timestamptz, now())
+SELECT $1::bigint, $2::text, $3::jsonb, $4::int,
+       coalesce($7::timestamptz, now()) - make_interval(secs => $5::float8),
+       coalesce($7::timestamptz, now())
 WHERE EXISTS (SELECT FROM rota.job
-              WHERE id = %(job)s AND status = 'running' AND locked_by = %(worker)s
-                AND attempts = %(attempt)s)
+              WHERE id = $1::bigint AND status = 'running' AND locked_by = $6::text
+                AND attempts = $4::int)
 ON CONFLICT (job_id, name) DO NOTHING
-RETURNING true AS stored
 
 -- name: event_payload
 SELECT true AS emitted, payload FROM rota.job_event WHERE key = %(key)s

@@ -35,6 +35,12 @@ async def noop(job: rota.Job) -> None:
     return None
 
 
+@rota.handler("ten.steps")
+def ten_steps(job: rota.Job, ctx: rota.Context) -> int:
+    """A durable job: ten steps, each stored as it completes."""
+    return sum(ctx.step(f"s{i}", int, i) for i in range(10))
+
+
 @rota.handler("always.fails")
 def always_fails(job: rota.Job) -> None:
     raise ValueError(f"cannot process {job.payload!r}")

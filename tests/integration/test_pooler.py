@@ -143,6 +143,33 @@ def test_a_worker_behind_the_pooler_runs_every_job_once(
 
 
 @pytest.mark.parametrize("bouncer", ["transaction"], indirect=True)
+def test_durable_steps_behind_transaction_pooling_prepare_nothing(
+    conn: psycopg.Connection[Any], bouncer: PgBouncer, db_url: str, tmp_path: Path
+) -> None:
+    # Each run's connection sends a job's ten steps: prepared on a connection's
+    # sixth, they would fail as the claims do (the test below).
+    through = bouncer.url(db_url)
+    ids = rota.enqueue_many(through, [rota.NewJob("ten.steps") for _ in range(40)])
+    log = tmp_path / "worker.log"
+    env = {"ROTA_PREPARED_STATEMENTS": "off"}
+    worker = WorkerProcess(through, "--concurrency", "4", "--lease", "3", log=log, env=env)
+    try:
+        wait_for(
+            lambda: scalar(conn, "SELECT count(*) FROM rota.job WHERE status = 'done'") == 40,
+            60,
+            "every job done",
+        )
+    finally:
+        assert worker.stop() == 0
+    rows = conn.execute(
+        "SELECT attempts, result, count(*) AS n FROM rota.job WHERE id = ANY(%s) GROUP BY 1, 2",
+        (ids,),
+    ).fetchall()
+    assert rows == [{"attempts": 1, "result": 45, "n": 40}], worker.output()
+    assert scalar(conn, "SELECT count(*) FROM rota.job_step WHERE job_id = ANY(%s)", ids) == 400
+
+
+@pytest.mark.parametrize("bouncer", ["transaction"], indirect=True)
 def test_prepared_statements_fail_behind_transaction_pooling(
     conn: psycopg.Connection[Any], bouncer: PgBouncer, db_url: str, tmp_path: Path
 ) -> None:

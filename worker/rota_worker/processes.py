@@ -49,6 +49,7 @@ def _child_main(
     dsn: str,
     worker_id: str,
     backoff: BackoffSettings,
+    prepared_statements: bool,
 ) -> None:
     """A child's life: import the handlers, then run one attempt per message."""
     current: list[Job] = []
@@ -62,7 +63,8 @@ def _child_main(
     for name in ["rota.archive", *modules]:
         importlib.import_module(name)
     handlers = registered()
-    context = Context(dsn, worker_id, connections=RunConnections(dsn, 1))
+    runs = RunConnections(dsn, 1, prepared_statements=prepared_statements)
+    context = Context(dsn, worker_id, connections=runs)
     conn.send(READY)
     while True:
         try:
@@ -95,7 +97,14 @@ class Child:
         self.conn = parent
         self.process = context.Process(
             target=_child_main,
-            args=(child, runner.modules, runner.dsn, runner.worker_id, runner.backoff),
+            args=(
+                child,
+                runner.modules,
+                runner.dsn,
+                runner.worker_id,
+                runner.backoff,
+                runner.prepared_statements,
+            ),
             name="rota-job-process",
             daemon=True,
         )
@@ -165,8 +174,10 @@ class ProcessRunner:
         worker_id: str,
         backoff: BackoffSettings,
         kill_grace_seconds: float,
+        prepared_statements: bool = True,
     ) -> None:
         self.concurrency = concurrency
+        self.prepared_statements = prepared_statements
         self.modules = list(modules)
         self.dsn = dsn
         self.worker_id = worker_id
