@@ -33,6 +33,10 @@ def rota(db_url: str, *args: str, **extra: str) -> subprocess.CompletedProcess[s
     )
 
 
+STARTED = " started: types="
+"""What a worker logs once it stops on SIGTERM by finishing its jobs."""
+
+
 class WorkerProcess:
     started: list[WorkerProcess] = []
     """Every worker a test started: `kill_leftovers` ends those still running."""
@@ -64,6 +68,17 @@ class WorkerProcess:
         return self.log_path.read_text() if self.log_path else ""
 
     def stop(self) -> int:
+        """SIGTERM once the worker can take it, and its exit code. A worker still
+        importing its handlers (a loaded machine, a test whose jobs the other
+        workers finished) has not yet set its handler: SIGTERM would kill it."""
+        if self.log_path is not None:
+            deadline = time.monotonic() + 60
+            while (
+                self.proc.poll() is None
+                and STARTED not in self.output()
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.05)
         if self.proc.poll() is None:
             self.signal(signal.SIGTERM)
         try:

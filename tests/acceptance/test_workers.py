@@ -215,6 +215,14 @@ def test_sigterm_lets_running_jobs_finish_and_gives_back_the_rest(
     assert (rows[stuck]["status"], rows[stuck]["attempts"]) == ("ready", 0)
 
 
+def test_a_worker_stopped_as_soon_as_it_was_started_exits_0(db_url: str, tmp_path: Path) -> None:
+    # The helper's SIGTERM waits until the worker can take it: sent while the
+    # worker still imports its handlers, it would end the process (-15), as it
+    # did to an idle second worker whose jobs another one had finished.
+    worker = WorkerProcess(db_url, log=tmp_path / "w.log")
+    assert worker.stop() == 0, worker.output()
+
+
 def test_the_scheduler_inside_a_worker_enqueues_a_due_slot_that_the_worker_runs(
     db_url: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
