@@ -9,6 +9,7 @@ import pytest
 import rota
 from rota.claim import claim
 from rota.durable import Run, RunConnections
+from rota.errors import LeaseLost
 from rota.jobs import Job
 
 
@@ -88,3 +89,27 @@ def test_a_run_still_going_when_the_worker_stops_gets_its_own_connection(
     late = Run(db_url, "w", _claimed(conn), connections)
     assert late.step("a", lambda: 2) == 2
     late.close()
+
+
+@pytest.mark.parametrize("lent", [False, True], ids=["own statements", "through run.conn"])
+def test_a_step_after_its_lease_was_taken_stores_nothing_and_undoes_its_writes(
+    conn, db_url, connections, lent: bool
+) -> None:
+    conn.execute("CREATE TABLE effect (step text)")
+    job = _claimed(conn)
+    run = Run(db_url, "w", job, connections)
+
+    def write(step: str) -> str:
+        if lent:
+            run.conn.execute("INSERT INTO effect VALUES (%s)", (step,))
+        return step
+
+    assert run.step("a", write, "a") == "a"
+    conn.execute("UPDATE rota.job SET locked_by = 'another' WHERE id = %s", (job.id,))
+    with pytest.raises(LeaseLost):
+        run.step("b", write, "b")
+    run.close()
+    stored = conn.execute("SELECT name FROM rota.job_step WHERE job_id = %s", (job.id,))
+    assert [r["name"] for r in stored] == ["a"]
+    effects = [r["step"] for r in conn.execute("SELECT step FROM effect").fetchall()]
+    assert effects == (["a"] if lent else [])
