@@ -53,7 +53,7 @@ from rota.db import (
 from rota.errors import ChildFailed, InvalidInput, LeaseLost, Permanent, Suspended, TimedOut
 from rota.jobs import Job, NewJob, Status
 from rota.reading import make_tolerant
-from rota.settings import QueueSettings
+from rota.settings import ConnectionSettings, QueueSettings
 
 _DEFAULTS = QueueSettings()
 
@@ -123,14 +123,15 @@ class RunConnections:
     none opened before the first run asks). A connection whose run handed it
     to its handler (`Run.conn`) is closed rather than kept: what the handler
     set on it stays with it. Once closed (the worker stopped), a run that is
-    still going gets a connection of its own, closed at its end. Without
-    `prepared_statements` (a pooler in transaction mode, see
-    `rota.settings.ConnectionSettings`) nothing is prepared on them."""
+    still going gets a connection of its own, closed at its end. They prepare
+    statements as the worker's `connection` settings say (not with a pooler in
+    transaction mode); its timeouts are not theirs, since a handler's own
+    statements run on them."""
 
-    def __init__(self, dsn: str, size: int, *, prepared_statements: bool = True) -> None:
+    def __init__(self, dsn: str, size: int, connection: ConnectionSettings | None = None) -> None:
         self.dsn = dsn
         self.size = max(1, size)
-        self._options: dict[str, Any] = {} if prepared_statements else {"prepare_threshold": None}
+        self._options = (connection or ConnectionSettings()).preparing()
         self._pool: ConnectionPool[Conn] | None = None
         self._closed = False
         self._lock = threading.Lock()

@@ -118,6 +118,11 @@ class ConnectionSettings:
         options and environment variables with this too)."""
         return _CONNECTION_RANGES[name](value, what)
 
+    def preparing(self) -> dict[str, Any]:
+        """psycopg's ``prepare_threshold`` (None: never prepare) without prepared
+        statements; nothing (psycopg's default) with them."""
+        return {} if self.prepared_statements else {"prepare_threshold": None}
+
     def libpq(self, dsn: str, *, lock_timeout: bool = False) -> dict[str, Any]:
         """Connection keywords for `rota.db.connect`: the timeouts, with the server
         settings added to the ``options`` the URL may already carry, and psycopg's
@@ -127,9 +132,8 @@ class ConnectionSettings:
             options.append(f"-c statement_timeout={_ms(self.statement_timeout_seconds)}")
         if lock_timeout:
             options.append(f"-c lock_timeout={_ms(self.lock_timeout_seconds)}")
-        prepare = {} if self.prepared_statements else {"prepare_threshold": None}
         return {
-            **prepare,
+            **self.preparing(),
             "connect_timeout": self.connect_timeout_seconds,
             "keepalives": 1,
             "keepalives_idle": self.keepalives_idle_seconds,

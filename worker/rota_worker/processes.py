@@ -30,7 +30,7 @@ from rota.claim import Attempt
 from rota.durable import RunConnections
 from rota.handlers import Context, Handler, call, registered
 from rota.jobs import Job, Outcome
-from rota.settings import BackoffSettings
+from rota.settings import BackoffSettings, ConnectionSettings
 from rota_worker.execute import Decided, outcome_of_error
 
 log = logging.getLogger("rota.worker")
@@ -49,7 +49,7 @@ def _child_main(
     dsn: str,
     worker_id: str,
     backoff: BackoffSettings,
-    prepared_statements: bool,
+    connection: ConnectionSettings,
 ) -> None:
     """A child's life: import the handlers, then run one attempt per message."""
     current: list[Job] = []
@@ -63,7 +63,7 @@ def _child_main(
     for name in ["rota.archive", *modules]:
         importlib.import_module(name)
     handlers = registered()
-    runs = RunConnections(dsn, 1, prepared_statements=prepared_statements)
+    runs = RunConnections(dsn, 1, connection)
     context = Context(dsn, worker_id, connections=runs)
     conn.send(READY)
     while True:
@@ -103,7 +103,7 @@ class Child:
                 runner.dsn,
                 runner.worker_id,
                 runner.backoff,
-                runner.prepared_statements,
+                runner.connection,
             ),
             name="rota-job-process",
             daemon=True,
@@ -174,10 +174,10 @@ class ProcessRunner:
         worker_id: str,
         backoff: BackoffSettings,
         kill_grace_seconds: float,
-        prepared_statements: bool = True,
+        connection: ConnectionSettings | None = None,
     ) -> None:
         self.concurrency = concurrency
-        self.prepared_statements = prepared_statements
+        self.connection = connection or ConnectionSettings()
         self.modules = list(modules)
         self.dsn = dsn
         self.worker_id = worker_id

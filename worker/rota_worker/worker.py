@@ -89,9 +89,7 @@ class Worker:
         self.types = sorted(s.types) if s.types is not None else sorted(self.handlers)
         self.services = list(services) if services is not None else self._default_services()
         self.worker_id = s.worker_id
-        runs = RunConnections(
-            dsn, s.concurrency, prepared_statements=s.connection.prepared_statements
-        )
+        runs = RunConnections(dsn, s.concurrency, s.connection)
         self.context = Context(dsn, self.worker_id, connections=runs)
         self.deadlines = d = Deadlines(s.connection)
         self.attempts = Attempts(s.concurrency, s.lease_seconds)
@@ -102,7 +100,7 @@ class Worker:
         if s.isolation == "process":
             self.runner = ProcessRunner(
                 s.concurrency, s.handler_modules, dsn, self.worker_id, s.backoff,
-                s.kill_grace_seconds, s.connection.prepared_statements,
+                s.kill_grace_seconds, s.connection,
             )  # fmt: skip
         self._stopping = asyncio.Event()
         self.slots = Slots(
