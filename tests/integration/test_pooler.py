@@ -64,6 +64,14 @@ def scalar(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
     return None if row is None else next(iter(row.values()))
 
 
+def _until_done(conn: psycopg.Connection[Any], jobs: int) -> None:
+    wait_for(
+        lambda: scalar(conn, "SELECT count(*) FROM rota.job WHERE status = 'done'") == jobs,
+        60,
+        "every job done",
+    )
+
+
 def test_the_version_is_the_one_the_docs_name() -> None:
     assert pgbouncer.version().startswith("PgBouncer 1.18."), pgbouncer.version()
 
@@ -110,11 +118,7 @@ def _drain(
             30,
             "a heartbeat to renew the slow job's lease",
         )
-        wait_for(
-            lambda: scalar(conn, "SELECT count(*) FROM rota.job WHERE status = 'done'") == 301,
-            60,
-            "every job done",
-        )
+        _until_done(conn, 301)
     finally:
         assert worker.stop() == 0
     attempts = conn.execute(
@@ -154,11 +158,7 @@ def test_durable_steps_behind_transaction_pooling_prepare_nothing(
     env = {"ROTA_PREPARED_STATEMENTS": "off"}
     worker = WorkerProcess(through, "--concurrency", "4", "--lease", "3", log=log, env=env)
     try:
-        wait_for(
-            lambda: scalar(conn, "SELECT count(*) FROM rota.job WHERE status = 'done'") == 40,
-            60,
-            "every job done",
-        )
+        _until_done(conn, 40)
     finally:
         assert worker.stop() == 0
     rows = conn.execute(
