@@ -1,8 +1,9 @@
 """The limits of docs/limits.md, kept by the database for every writer.
 
-Migration 0024's triggers refuse a value outside the limits whichever way it is
-written: rota.enqueue() in SQL, a plain INSERT, a plain UPDATE (a migration
-script, a hand fix). The refusal is invalid_parameter_value (22023) with the
+Migration 0024's triggers (asked first through a guard in their WHEN clause
+since 0029) refuse a value outside the limits whichever way it is written:
+rota.enqueue() in SQL, a plain INSERT, a plain UPDATE (a migration script, a
+hand fix). The refusal is invalid_parameter_value (22023) with the
 same one-line reason on every path; Python's own checks use the same numbers
 (the edges below are accepted by both, one step past refused by both).
 """
@@ -15,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import rota
 from rota import limits
@@ -195,3 +198,104 @@ def test_limits_pauses_and_schedules_keep_the_same_rules(
     conn: psycopg.Connection[Any], statement: str
 ) -> None:
     _refusal(conn, statement)
+
+
+# Values at and past every edge of docs/limits.md, as SQL, for the agreement
+# test below: the trigger's WHEN (rota.job_fits, migration 0029) must pass over
+# exactly the rows rota.job_checked() accepts.
+NAMES = [
+    "NULL", "'t'", "''", "' '", "E'\\u3000'", "E'\\u00a0x'", "E'x\\u0085'", "E'\\u0085'",
+    "E'\\x1f'", "E'\\u200b'", "repeat('x', 1024)", "repeat('x', 1025)",
+    "repeat('é', 512)", "repeat('é', 513)", "E' \\tx'",
+]  # fmt: skip
+INSTANTS = [
+    "now()", "'1970-01-01T00:00:00Z'", "'1969-12-31T23:59:59.999999Z'",
+    "'9999-12-30T00:00:00Z'", "'9999-12-30T00:00:00.000001Z'", "'infinity'", "'-infinity'",
+    "NULL",
+]  # fmt: skip
+PAYLOADS = [
+    "'{}'", "NULL", "'[1e131071, 1e131071]'", "'[1e131071]'",
+    _nested(limits.MAX_JSON_DEPTH), _nested(limits.MAX_JSON_DEPTH + 1),
+    "jsonb_build_object('x', repeat('a', 262135))", "jsonb_build_object('x', repeat('a', 262136))",
+    "jsonb_build_object('x', repeat(E'\\u0001', 43689))", "'\"\"'",
+]  # fmt: skip
+ROW = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(NAMES),
+        "idempotency_key": st.sampled_from(NAMES),
+        "unique_key": st.sampled_from(NAMES),
+        "group_key": st.sampled_from(NAMES),
+        "run_at": st.sampled_from(INSTANTS),
+        "priority": st.sampled_from(["NULL", "-1", "0", "9", "10"]),
+        "max_attempts": st.sampled_from(["NULL", "-3", "0", "1", "2147483647"]),
+        "timeout_seconds": st.sampled_from(
+            [
+                "NULL",
+                "'NaN'",
+                "0",
+                "-1",
+                "1e-9",
+                "315360000",
+                "315360000.000001",
+                "'Infinity'",
+                "'-Infinity'",
+            ]
+        ),
+        "payload": st.sampled_from(PAYLOADS),
+    }
+)
+_TYPES = {
+    "type": "text", "idempotency_key": "text", "unique_key": "text", "group_key": "text",
+    "run_at": "timestamptz", "priority": "smallint", "max_attempts": "integer",
+    "timeout_seconds": "double precision", "payload": "jsonb",
+}  # fmt: skip
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(row=ROW)
+def test_the_triggers_guard_passes_over_exactly_the_rows_the_checks_accept(
+    conn: psycopg.Connection[Any], row: dict[str, str]
+) -> None:
+    # A table of rota.job's columns with no constraint of its own (CREATE TABLE
+    # AS copies none) whose triggers always call rota.job_checked(): its verdict,
+    # beside that of the guard rota.job's triggers ask first. Each mode of the
+    # checks (a whole row, an update of the fields, of the payload) has its guard.
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS probe AS SELECT * FROM rota.job WITH NO DATA")
+    for mode in ("all", "fields", "payload"):
+        conn.execute(
+            f"CREATE OR REPLACE TRIGGER probe_{mode}"
+            f" BEFORE {'INSERT' if mode == 'all' else 'UPDATE'} ON probe"
+            f" FOR EACH ROW EXECUTE FUNCTION rota.job_checked('{mode}')"
+        )
+    values = {column: f"({row[column]})::{kind}" for column, kind in _TYPES.items()}
+    fits = conn.execute(
+        f"SELECT rota.job_fits({', '.join(values.values())}) IS NOT FALSE AS whole,"
+        f" rota.job_fits({', '.join({**values, 'payload': 'NULL'}.values())}) IS NOT FALSE"
+        " AS fields,"
+        f" rota.payload_fits({values['payload']}) IS NOT FALSE AS payload"
+    ).fetchone()
+    assert fits is not None
+    verdicts = {}
+    for mode in ("all", "fields", "payload"):
+        conn.execute("ALTER TABLE probe DISABLE TRIGGER USER")
+        conn.execute("DELETE FROM probe")
+        conn.execute("INSERT INTO probe (type, payload) VALUES ('t', '{}')")
+        conn.execute(f"ALTER TABLE probe ENABLE TRIGGER probe_{mode}")  # type: ignore[arg-type]
+        if mode == "all":
+            statement = (
+                f"INSERT INTO probe ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+            )
+        else:
+            columns = ["payload"] if mode == "payload" else [c for c in values if c != "payload"]
+            statement = "UPDATE probe SET " + ", ".join(f"{c} = {values[c]}" for c in columns)
+        try:
+            conn.execute(statement)  # type: ignore[arg-type]
+        except psycopg.errors.InvalidParameterValue:
+            verdicts[mode] = False
+        else:
+            verdicts[mode] = True
+    assert verdicts == {"all": fits["whole"], "fields": fits["fields"], "payload": fits["payload"]}
