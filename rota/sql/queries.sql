@@ -216,10 +216,11 @@ SELECT type FROM rota.job_limit
 -- result is a lease lost. It also brings back which of them somebody asked to
 -- cancel, so a worker learns of a cancel request with no query of its own.
 -- Driven from the batch: each row is reached by its primary key (see
--- write_outcomes for why the status test is written as it is).
+-- write_outcomes for why the arrays go through subqueries and the status
+-- test is written as it is).
 UPDATE rota.job AS j
 SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempts)
+FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[])) AS h(id, attempts)
 WHERE j.id = h.id
   AND j.status IS NOT DISTINCT FROM 'running'
   AND j.locked_by = %(worker)s
@@ -270,12 +271,17 @@ WITH written AS (
                 THEN coalesce(%(now)s::timestamptz, now())
         END
     -- %(results)s is NULL for a batch with no results (unnest pads it with NULLs).
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
-                %(delays)s::float8[], %(errors)s::text[], %(results)s::jsonb[])
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(outcomes)s::text[]), (SELECT %(delays)s::float8[]),
+                (SELECT %(errors)s::text[]), (SELECT %(results)s::jsonb[]))
          AS f(id, attempts, outcome, delay, error, result)
     -- The plan is driven from the batch and reaches each row by its primary key,
     -- whether planned for these values or generic (psycopg prepares a statement on
-    -- its sixth run). The status test does not match the partial index of running
+    -- its sixth run). Each array is passed through a subquery (an InitPlan) so
+    -- that no plan is made for the batch's size: planned for 150 or more values
+    -- on a table whose statistics say nothing runs, the batch was joined to a
+    -- sequential scan of the table that rescanned the batch for every row it
+    -- found (70 ms for 500 outcomes on 20,000 rows, 7 ms now). The status test does not match the partial index of running
     -- rows on purpose: statistics taken while nothing ran estimate one running
     -- row, and a generic plan that may walk that index rescans the batch for
     -- every running row. Status is NOT NULL, so the test means status = 'running'.
