@@ -60,7 +60,12 @@ class Plan:
     single_jobs: int = 2_000
     latency_jobs: int = 200
     gap: float = 0.015
-    concurrency: int = 100
+    concurrency: int = 500
+    """Rota's best setup for a drain of no-op async jobs, as Graphile Worker's
+    perfTest holds up to 500 jobs at once (its local queue): a worker claims as
+    many jobs as it has free slots and writes up to 500 outcomes at once, and
+    claims and outcomes of 500 cost the server less per job than batches of 100
+    (docs/benchmarks.md, "Batches of 500")."""
     rounds: int = 2
     """Two keep `make bench` near nine minutes on the loaded 2-core machine (four queue
     setups); more narrow the spread."""
