@@ -65,7 +65,7 @@ class Plan:
     perfTest holds up to 500 jobs at once (its local queue): a worker claims as
     many jobs as it has free slots and writes up to 500 outcomes at once, and
     claims and outcomes of 500 cost the server less per job than batches of 100
-    (docs/benchmarks.md, "Batches of 500")."""
+    (docs/benchmarks.md, "A fifth run")."""
     rounds: int = 2
     """Two keep `make bench` near nine minutes on the loaded 2-core machine (four queue
     setups); more narrow the spread."""

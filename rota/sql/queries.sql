@@ -281,10 +281,11 @@ WITH written AS (
     -- that no plan is made for the batch's size: planned for 150 or more values
     -- on a table whose statistics say nothing runs, the batch was joined to a
     -- sequential scan of the table that rescanned the batch for every row it
-    -- found (70 ms for 500 outcomes on 20,000 rows, 7 ms now). The status test does not match the partial index of running
-    -- rows on purpose: statistics taken while nothing ran estimate one running
-    -- row, and a generic plan that may walk that index rescans the batch for
-    -- every running row. Status is NOT NULL, so the test means status = 'running'.
+    -- found (70 ms for 500 outcomes on 20,000 rows, 7 ms now). The status test
+    -- does not match the partial index of running rows on purpose: statistics
+    -- taken while nothing ran estimate one running row, and a generic plan that
+    -- may walk that index rescans the batch for every running row. Status is
+    -- NOT NULL, so the test means status = 'running'.
     WHERE j.id = f.id
       AND j.status IS NOT DISTINCT FROM 'running'
       AND j.locked_by = %(worker)s

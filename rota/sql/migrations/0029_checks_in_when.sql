@@ -5,7 +5,7 @@
 -- rule and raises its message (22023), as before. A valid row (nearly every
 -- row) no longer pays a PL/pgSQL call and four SQL function calls: an insert
 -- into rota.job took 21 us of the server's time with the call and 7 us
--- without it (docs/benchmarks.md, "What the enqueue costs").
+-- without it (docs/limits.md, "Kept by the database").
 --
 -- Each *_fits function is true or NULL for a value within the rules (NULL
 -- where the value is NULL: the column's own business) and false for a value
