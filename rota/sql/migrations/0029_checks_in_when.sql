@@ -56,21 +56,19 @@ CREATE TRIGGER job_checked_insert BEFORE INSERT ON rota.job
     EXECUTE FUNCTION rota.job_checked('all');
 
 -- An update that changes a checked column to a value within the rules (a
--- retry's run_at) calls no function either. The payload is not looked at
--- here (NULL fits): its own trigger checks it when it changes.
+-- retry's run_at) calls no function either; one that leaves them as they were
+-- is passed over as before, so an old row that breaks a rule does not fail it.
+-- The payload is not looked at here (NULL fits): its own trigger checks it
+-- when it changes.
 DROP TRIGGER job_checked_fields ON rota.job;
 CREATE TRIGGER job_checked_fields
     BEFORE UPDATE OF type, idempotency_key, unique_key, group_key, run_at, priority,
                      max_attempts, timeout_seconds ON rota.job
     FOR EACH ROW
-    WHEN ((OLD.type IS DISTINCT FROM NEW.type
-           OR OLD.idempotency_key IS DISTINCT FROM NEW.idempotency_key
-           OR OLD.unique_key IS DISTINCT FROM NEW.unique_key
-           OR OLD.group_key IS DISTINCT FROM NEW.group_key
-           OR OLD.run_at IS DISTINCT FROM NEW.run_at
-           OR OLD.priority IS DISTINCT FROM NEW.priority
-           OR OLD.max_attempts IS DISTINCT FROM NEW.max_attempts
-           OR OLD.timeout_seconds IS DISTINCT FROM NEW.timeout_seconds)
+    WHEN ((OLD.type, OLD.idempotency_key, OLD.unique_key, OLD.group_key, OLD.run_at,
+           OLD.priority, OLD.max_attempts, OLD.timeout_seconds)
+          IS DISTINCT FROM (NEW.type, NEW.idempotency_key, NEW.unique_key, NEW.group_key,
+                            NEW.run_at, NEW.priority, NEW.max_attempts, NEW.timeout_seconds)
           AND NOT rota.job_fits(NEW.type, NEW.idempotency_key, NEW.unique_key, NEW.group_key,
                                 NEW.run_at, NEW.priority, NEW.max_attempts,
                                 NEW.timeout_seconds, NULL))
