@@ -251,6 +251,25 @@ _TYPES = {
 }  # fmt: skip
 
 
+MODES = {"all": "INSERT", "fields": "UPDATE", "payload": "UPDATE"}
+"""The modes of rota.job_checked(), each with the statement that fires it."""
+
+
+@pytest.fixture
+def probes(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """`conn` with a table of rota.job's columns per mode of the checks: no
+    constraint of its own (CREATE TABLE AS copies none), one row, and a trigger
+    that always calls rota.job_checked() in that mode."""
+    for mode, event in MODES.items():
+        conn.execute(f"CREATE TEMP TABLE probe_{mode} AS SELECT * FROM rota.job WITH NO DATA")  # type: ignore[arg-type]
+        conn.execute(f"INSERT INTO probe_{mode} (type, payload) VALUES ('t', '{{}}')")  # type: ignore[arg-type]
+        conn.execute(
+            f"CREATE TRIGGER checked BEFORE {event} ON probe_{mode}"  # type: ignore[arg-type]
+            f" FOR EACH ROW EXECUTE FUNCTION rota.job_checked('{mode}')"
+        )
+    return conn
+
+
 @settings(
     max_examples=300,
     deadline=None,
@@ -258,44 +277,34 @@ _TYPES = {
 )
 @given(row=ROW)
 def test_the_triggers_guard_passes_over_exactly_the_rows_the_checks_accept(
-    conn: psycopg.Connection[Any], row: dict[str, str]
+    probes: psycopg.Connection[Any], row: dict[str, str]
 ) -> None:
-    # A table of rota.job's columns with no constraint of its own (CREATE TABLE
-    # AS copies none) whose triggers always call rota.job_checked(): its verdict,
-    # beside that of the guard rota.job's triggers ask first. Each mode of the
-    # checks (a whole row, an update of the fields, of the payload) has its guard.
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS probe AS SELECT * FROM rota.job WITH NO DATA")
-    for mode in ("all", "fields", "payload"):
-        conn.execute(
-            f"CREATE OR REPLACE TRIGGER probe_{mode}"
-            f" BEFORE {'INSERT' if mode == 'all' else 'UPDATE'} ON probe"
-            f" FOR EACH ROW EXECUTE FUNCTION rota.job_checked('{mode}')"
-        )
+    # The verdict of rota.job_checked() in each mode (a whole row, an update of
+    # the fields, of the payload), beside that of the guard rota.job's triggers
+    # ask first in that mode.
     values = {column: f"({row[column]})::{kind}" for column, kind in _TYPES.items()}
-    fits = conn.execute(
-        f"SELECT rota.job_fits({', '.join(values.values())}) IS NOT FALSE AS whole,"
+    fits = probes.execute(
+        f"SELECT rota.job_fits({', '.join(values.values())}) IS NOT FALSE AS all,"
         f" rota.job_fits({', '.join({**values, 'payload': 'NULL'}.values())}) IS NOT FALSE"
         " AS fields,"
         f" rota.payload_fits({values['payload']}) IS NOT FALSE AS payload"
     ).fetchone()
-    assert fits is not None
+    columns = {"fields": [c for c in values if c != "payload"], "payload": ["payload"]}
     verdicts = {}
-    for mode in ("all", "fields", "payload"):
-        conn.execute("ALTER TABLE probe DISABLE TRIGGER USER")
-        conn.execute("DELETE FROM probe")
-        conn.execute("INSERT INTO probe (type, payload) VALUES ('t', '{}')")
-        conn.execute(f"ALTER TABLE probe ENABLE TRIGGER probe_{mode}")  # type: ignore[arg-type]
-        if mode == "all":
+    for mode, event in MODES.items():
+        if event == "INSERT":
             statement = (
-                f"INSERT INTO probe ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+                f"INSERT INTO probe_{mode} ({', '.join(values)})"
+                f" VALUES ({', '.join(values.values())})"
             )
         else:
-            columns = ["payload"] if mode == "payload" else [c for c in values if c != "payload"]
-            statement = "UPDATE probe SET " + ", ".join(f"{c} = {values[c]}" for c in columns)
+            statement = f"UPDATE probe_{mode} SET " + ", ".join(
+                f"{c} = {values[c]}" for c in columns[mode]
+            )
         try:
-            conn.execute(statement)  # type: ignore[arg-type]
+            probes.execute(statement)  # type: ignore[arg-type]
         except psycopg.errors.InvalidParameterValue:
             verdicts[mode] = False
         else:
             verdicts[mode] = True
-    assert verdicts == {"all": fits["whole"], "fields": fits["fields"], "payload": fits["payload"]}
+    assert verdicts == fits
