@@ -21,7 +21,10 @@ import pytest
 
 import rota
 from rota.archive import Archiver, ArchiveSettings
+from rota.attempt import Attempt
+from rota.claim import write_outcomes
 from rota.cli import main
+from rota.jobs import Outcome, Status
 from rota.reaper import Reaper
 from rota.scheduler import Scheduler
 
@@ -122,6 +125,48 @@ def test_the_maintenance_loops_pass_over_the_bad_rows_alone(
         {"name": "bad-next", "ahead": True},
         {"name": "bad-payload", "ahead": True},
     ]
+
+
+# Running jobs whose rows break a rule of the checks in a column the reaper and
+# a retry do not change: written around the checks, or before 0024 made them.
+OLD_RUNNING = """
+SET session_replication_role = replica;
+INSERT INTO rota.job (type, group_key, status, locked_by, locked_until, attempts)
+    VALUES ('old.group', repeat('g', 2000), 'running', 'w', now() - interval '1 hour', 1),
+           ('old.timeout', NULL, 'running', 'w', now() - interval '1 hour', 1),
+           (' ', NULL, 'running', 'w', now() + interval '1 hour', 1);
+UPDATE rota.job SET timeout_seconds = 'NaN' WHERE type = 'old.timeout';
+RESET session_replication_role;
+"""
+
+
+def test_leases_and_retries_of_rows_past_the_limits_are_written(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # The reaper gives back every expired lease and a worker's retry is written:
+    # neither writes a value the checks would refuse (a new run_at within the
+    # limits), so neither is refused for a value it leaves as it was. Refused,
+    # one such row stopped the reaper's every batch, and its expired leases
+    # with it, and a retry ran the job again with its attempt uncounted.
+    ordinary = rota.enqueue(conn, "ordinary", {"n": 1})
+    conn.execute(
+        "UPDATE rota.job SET status = 'running', locked_by = 'w', attempts = 1,"
+        " locked_until = now() - interval '1 hour' WHERE id = %s",
+        (ordinary,),
+    )
+    conn.execute(OLD_RUNNING)
+    assert Reaper().run_once(db_url).count == 3
+    rows = conn.execute(
+        "SELECT type, status, attempts FROM rota.job WHERE locked_until IS NULL ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        {"type": "ordinary", "status": "ready", "attempts": 1},
+        {"type": "old.group", "status": "ready", "attempts": 1},
+        {"type": "old.timeout", "status": "ready", "attempts": 1},
+    ]
+    (blank,) = conn.execute("SELECT id FROM rota.job WHERE type = ' '").fetchall()
+    retry = Attempt(blank["id"], 1, Outcome.RETRY, delay=5.0, error="boom")
+    assert write_outcomes(conn, "w", [retry]) == {(blank["id"], 1): Status.READY}
 
 
 def test_every_console_page_answers(poisoned: dict[str, Any], db_url: str) -> None:
