@@ -146,8 +146,8 @@ def test_leases_and_retries_of_rows_past_the_limits_are_written(
     # The reaper gives back every expired lease and a worker's retry is written:
     # neither writes a value the checks would refuse (a new run_at within the
     # limits), so neither is refused for a value it leaves as it was. Refused,
-    # one such row stopped the reaper's every batch, and its expired leases
-    # with it, and a retry ran the job again with its attempt uncounted.
+    # one such row stopped the reaper's every batch, and the expired leases of
+    # every other job with it, and its own job stayed running.
     ordinary = rota.enqueue(conn, "ordinary", {"n": 1})
     conn.execute(
         "UPDATE rota.job SET status = 'running', locked_by = 'w', attempts = 1,"

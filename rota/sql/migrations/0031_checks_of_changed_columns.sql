@@ -3,8 +3,8 @@
 -- in one column (written before migration 0024, or around the checks) refused
 -- every later change of another, and the reaper and a worker's retry change
 -- run_at. One such running row refused the reaper's batch, every time, so
--- that no expired lease was given back any more; its retry was refused, so
--- the job ran again with the attempt uncounted. A change now has to fit the
+-- that no expired lease was given back any more; its retry was refused too,
+-- and the job stayed running. A change now has to fit the
 -- rules only in what it writes (a new run_at within the range, say), as an
 -- INSERT does in all it writes.
 --
