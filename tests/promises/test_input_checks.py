@@ -232,7 +232,7 @@ def test_the_guards_in_when_clauses_call_only_built_in_functions(
 
 
 # Values at and past every edge of docs/limits.md, as SQL, for the agreement
-# test below: each trigger's WHEN (its guard, migrations 0029 and 0030) must pass
+# test below: each trigger's WHEN (its guard, made by migration 0031) must pass
 # over exactly the rows rota.job_checked() accepts.
 NAMES = [
     "NULL", "'t'", "''", "' '", "E'\\u3000'", "E'\\u00a0x'", "E'x\\u0085'", "E'\\u0085'",
