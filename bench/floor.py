@@ -25,6 +25,10 @@ are enqueued before the drain, 1,000 rows a statement, as for every queue of
   table (its primary key and an index by end), the outcomes of a batch in one
   statement: one row kept per job, as Rota keeps, in the shape of a hot table
   split.
+- `claim, move to history, on Rota's table split`: that split made of the
+  table `rota migrate` makes, every feature's index kept (`SPLIT` below):
+  what a hot table and a history table would cost Rota, measured instead of
+  counted.
 
 Beside them, Rota's worker, pgqueuer on uvloop and Graphile Worker (when
 `make bench-graphile` has installed it) drain the same jobs, so the
@@ -34,7 +38,7 @@ each shape, the fastest drain two cores allow with that server cost and Rota's
 worker, over pgqueuer's drain: a 2-process drain on two cores is CPU-bound for
 every queue, so that is the most a queue of that shape could reach here.
 
-    python -m bench.floor [--rounds 5] [--jobs 20000] [--json floor.json]
+    python -m bench.floor [--rounds 5] [--jobs 20000] [--json floor.json] [--only SETUP ...]
     python -m bench.floor raw-worker DSN --shape one-write|claim-delete|claim-mark-done|...
 """
 
@@ -48,7 +52,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psycopg
@@ -140,6 +144,53 @@ ROTA_DONE = (
     b"UPDATE rota.job SET status = 'done', finished_at = now(), locked_until = NULL"
     b" WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s"
 )
+# Rota's table split in two, every feature's index kept: rota.job holds the
+# jobs not yet ended (the claim, group, running, limit, unique-window,
+# schedule, parent and waiting indexes, the key's index holding keyed rows
+# only), and an ended job moves to rota.job_ended, which carries what the
+# listings, the archive and keys need (its primary key, the end, the type, the
+# key) and the input checks' guard, as every door to a table of jobs must.
+# Eight index entries a no-op job: three at the enqueue, two at the claim,
+# three at the end. A key kept unique across both tables (a look into the
+# history's key index at each keyed enqueue) costs a job without a key
+# nothing, and is left out.
+SPLIT = b"""
+ALTER TABLE rota.job DROP CONSTRAINT job_idempotency_key_key;
+CREATE UNIQUE INDEX job_key_idx ON rota.job (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+DROP INDEX rota.job_type_idx, rota.job_terminal_idx, rota.job_ended_idx,
+    rota.job_ended_type_idx;
+DROP TRIGGER job_done_count_delete ON rota.job;
+DROP TRIGGER job_forget_durable ON rota.job;
+DROP TRIGGER job_forget_effects ON rota.job;
+CREATE TABLE rota.job_ended (LIKE rota.job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    WITH (fillfactor = 100);
+ALTER TABLE rota.job_ended ADD PRIMARY KEY (id);
+CREATE INDEX job_ended_end_idx ON rota.job_ended (finished_at);
+CREATE INDEX job_ended_type_idx ON rota.job_ended (type, id);
+CREATE UNIQUE INDEX job_ended_key_idx ON rota.job_ended (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+DO $$
+DECLARE guard text;
+BEGIN
+    SELECT replace(pg_get_triggerdef(oid), ' ON rota.job ', ' ON rota.job_ended ')
+    INTO STRICT guard
+    FROM pg_trigger WHERE tgrelid = 'rota.job'::regclass AND tgname = 'job_checked_insert';
+    EXECUTE guard;
+END
+$$;
+"""
+ROTA_MOVE = b"""
+WITH ended AS (
+    DELETE FROM rota.job WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s
+    RETURNING *)
+INSERT INTO rota.job_ended
+SELECT id, type, payload, idempotency_key, 'done', run_at, attempts, max_attempts,
+    locked_by, NULL, last_error, created_at, started_at, now(), schedule_id, slot,
+    priority, timeout_seconds, cancel_requested_at, releases, group_key, result, errors,
+    trace_context, unique_key, unique_active, limit_slot, parent_id
+FROM ended
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +199,8 @@ class Shape:
     outcome: bytes | None
     """None: the claim takes the job for good (one write)."""
     rota_table: bool = False
+    setup: bytes = b""
+    """Run on Rota's table after `rota migrate`, before the enqueue."""
 
 
 SHAPES = {
@@ -156,8 +209,13 @@ SHAPES = {
     "claim, mark done": Shape(CLAIM, DONE),
     "claim, mark done, on Rota's table": Shape(ROTA_CLAIM, ROTA_DONE, rota_table=True),
     "claim, move to history": Shape(CLAIM, MOVE),
+    "claim, move to history, on Rota's table split": Shape(
+        ROTA_CLAIM, ROTA_MOVE, rota_table=True, setup=SPLIT
+    ),
 }
 BATCH = 100
+PEERS = ("pgqueuer-uvloop", "graphile-worker")
+"""The peers `drains` runs beside the shapes when they are installed."""
 
 
 def raw_worker(dsn: str, shape: Shape, batch: int = BATCH) -> None:
@@ -192,6 +250,9 @@ def shape_drain(
     shape = SHAPES[name]
     if shape.rota_table:
         dsn = rota_bench.fresh(new_database, "floor_rota")
+        if shape.setup:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(shape.setup)
         cpu, wal = enqueue_costed(server, dsn, lambda: rota_bench.enqueue_batches(dsn, jobs))
         remaining = (rota_bench.REMAINING, rota_bench.ANY_LEFT)
     else:
@@ -224,7 +285,12 @@ def _enqueue_narrow(dsn: str, jobs: int) -> None:
 
 
 def drains(
-    new_database: NewDatabase, server: Server, jobs: int, rounds: int, say: Callable[[str], None]
+    new_database: NewDatabase,
+    server: Server,
+    jobs: int,
+    rounds: int,
+    say: Callable[[str], None],
+    only: Collection[str] = (),
 ) -> dict[str, dict[int, list[Drain]]]:
     setups: dict[str, Callable[[int], Drain]] = {
         "Rota's worker": lambda p: rota_bench.drain(new_database, jobs, p, 100, server),
@@ -240,6 +306,8 @@ def drains(
         setups["graphile-worker"] = lambda p: GraphileWorker(new_database("graphile")).drain(
             jobs, p, server
         )
+    if only:
+        setups = {name: run for name, run in setups.items() if _option(name) in only}
     return take_turns(setups, rounds, say)
 
 
@@ -261,7 +329,7 @@ def tables(found: dict[str, dict[int, list[Drain]]], cores: int) -> str:
         )
     ]
     peer = found.get("pgqueuer-uvloop")
-    if not peer:
+    if not peer or "Rota's worker" not in found:
         return "\n".join(lines)
     worker = found["Rota's worker"]
     lines += [
@@ -280,7 +348,7 @@ def tables(found: dict[str, dict[int, list[Drain]]], cores: int) -> str:
         )
         peer_rate = statistics.median(d.rate for d in peer[processes])
         rota_worker = median_of(worker[processes], "worker_cpu_seconds_per_1000_jobs")
-        for name in ["Rota's worker", *SHAPES]:
+        for name in [name for name in ["Rota's worker", *SHAPES] if name in found]:
             total = median_of(found[name][processes], "cpu_seconds_per_1000_jobs") + rota_worker
             ceiling = cores * 1000 / total
             lines.append(
@@ -308,9 +376,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="SETUP",
+        help="run only this setup (repeatable), named as in --shape or rotas-worker, "
+        "pgqueuer-uvloop, graphile-worker",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.rounds < 1:
         parser.error("--jobs and --rounds must be positive")
+    known = [_option(name) for name in ["Rota's worker", *SHAPES, *PEERS]]
+    unknown = sorted(set(args.only) - set(known))
+    if unknown:
+        parser.error(f"--only: no setup {', '.join(unknown)} (setups: {', '.join(known)})")
     logging.basicConfig(level=logging.WARNING)
 
     from rota.testing import EmbeddedPostgres
@@ -322,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             version = server.version()
             new_database = lambda name: pg.create_database(f"{name}_{next(counter)}")  # noqa: E731
-            found = drains(new_database, server, args.jobs, args.rounds, say)
+            found = drains(new_database, server, args.jobs, args.rounds, say, args.only)
         finally:
             server.close()
     cores = os.cpu_count() or 1

@@ -320,10 +320,27 @@ def test_floor_shapes_drain_beside_the_worker(tmp_path: Path) -> None:
     drains = json.loads(out.read_text())["drains"]
     assert set(drains) >= {
         "Rota's worker", "one write", "claim, delete", "claim, mark done",
-        "claim, mark done, on Rota's table",
+        "claim, mark done, on Rota's table", "claim, move to history, on Rota's table split",
     }  # fmt: skip
     for name, by_processes in drains.items():
         for processes in ("1", "2"):
             (drain,) = by_processes[processes]
             assert drain["rate"] > 0 and drain["server_cpu_seconds"] >= 0, (name, processes)
     assert "| claim, mark done, on Rota's table | 2 |" in printed
+
+
+def test_floor_runs_only_the_setups_asked_for(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    run_module(
+        "bench.floor", "--rounds", "1", "--jobs", "200", "--json", str(out),
+        "--only", "claim-move-to-history-on-rotas-table-split", "--only", "one-write",
+    )  # fmt: skip
+    drains = json.loads(out.read_text())["drains"]
+    assert set(drains) == {"claim, move to history, on Rota's table split", "one write"}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.floor", "--only", "one-wrte", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--only: no setup one-wrte (setups: rotas-worker, one-write," in done.stderr
