@@ -62,6 +62,10 @@ bench-floor: $(BENCH_STAMP) ## the least a PostgreSQL queue makes the server spe
 	mkdir -p bench/results
 	$(BENCH_BIN)/python -m bench.floor --json bench/results/floor.json $(FLOOR_ARGS)
 
+bench-features: $(BENCH_STAMP) ## what each feature on the hot path costs the server per job, and all of them (under a minute; FEATURE_ARGS="--rounds 25")
+	mkdir -p bench/results
+	$(BENCH_BIN)/python -m bench.feature_costs --json bench/results/feature-costs.json $(FEATURE_ARGS)
+
 soak-load: $(STAMP) ## steady enqueue and drain for 20 minutes with archiving on, sampled every 30 s (SOAK_ARGS="--minutes 5")
 	mkdir -p bench/results
 	$(BIN)/python -m bench.soak_load --json bench/results/soak-load.json $(SOAK_ARGS)
@@ -70,4 +74,4 @@ bench-churn: $(BENCH_STAMP) ## Rota and pgqueuer under churn, with a REPEATABLE 
 	mkdir -p bench/results
 	$(BENCH_BIN)/python -m bench.churn --json bench/results/churn.json $(CHURN_ARGS)
 
-.PHONY: bench bench-graphile bench-churn bench-findings bench-floor soak-load
+.PHONY: bench bench-graphile bench-churn bench-findings bench-floor bench-features soak-load

@@ -344,3 +344,26 @@ def test_floor_runs_only_the_setups_asked_for(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--only: no setup one-wrte (setups: rotas-worker, one-write," in done.stderr
+
+
+def test_feature_costs_price_every_feature_and_all_of_them(tmp_path: Path) -> None:
+    out = tmp_path / "features.json"
+    printed = run_module(
+        "bench.feature_costs", "--rounds", "1", "--statements", "1", "--batch", "20",
+        "--json", str(out),
+    )  # fmt: skip
+    costs = json.loads(out.read_text())["us_per_job"]
+    variants = list(costs)
+    assert len(variants) == 10
+    assert variants[0] == "the schema `rota migrate` makes" and variants[-1] == "all of them off"
+    for variant, by_statement in costs.items():
+        assert set(by_statement) == {"enqueue", "claim", "outcome"}, variant
+        assert all(us > 0 for us in by_statement.values()), variant
+    assert "| no type index |" in printed
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.feature_costs", "--batch", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--rounds, --statements and --batch must be positive" in done.stderr
