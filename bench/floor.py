@@ -70,6 +70,7 @@ from bench.measure import (
 )
 from bench.peers import GraphileWorker, PgQueuerUvloop, available
 from bench.server import Server
+from rota.migrate import use_key_index
 
 NewDatabase = Callable[[str], str]
 
@@ -147,17 +148,15 @@ ROTA_DONE = (
 # Rota's table split in two, every feature's index kept: rota.job holds the
 # jobs not yet ended (the claim, group, running, limit, unique-window,
 # schedule, parent and waiting indexes, the key's index holding keyed rows
-# only), and an ended job moves to rota.job_ended, which carries what the
-# listings, the archive and keys need (its primary key, the end, the type, the
-# key) and the input checks' guard, as every door to a table of jobs must.
+# only: `rota migrate --key-index partial`, which the shape asks for), and an
+# ended job moves to rota.job_ended, which carries what the listings, the
+# archive and keys need (its primary key, the end, the type, the key) and the
+# input checks' guard, as every door to a table of jobs must.
 # Eight index entries a no-op job: three at the enqueue, two at the claim,
 # three at the end. A key kept unique across both tables (a look into the
 # history's key index at each keyed enqueue) costs a job without a key
 # nothing, and is left out.
 SPLIT = b"""
-ALTER TABLE rota.job DROP CONSTRAINT job_idempotency_key_key;
-CREATE UNIQUE INDEX job_key_idx ON rota.job (idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
 DROP INDEX rota.job_type_idx, rota.job_terminal_idx, rota.job_ended_idx,
     rota.job_ended_type_idx;
 DROP TRIGGER job_done_count_delete ON rota.job;
@@ -201,6 +200,9 @@ class Shape:
     rota_table: bool = False
     setup: bytes = b""
     """Run on Rota's table after `rota migrate`, before the enqueue."""
+    key_index: str | None = None
+    """How Rota's table keeps keys unique (`rota migrate --key-index`); None:
+    as `rota_bench.fresh` makes it."""
 
 
 SHAPES = {
@@ -210,7 +212,7 @@ SHAPES = {
     "claim, mark done, on Rota's table": Shape(ROTA_CLAIM, ROTA_DONE, rota_table=True),
     "claim, move to history": Shape(CLAIM, MOVE),
     "claim, move to history, on Rota's table split": Shape(
-        ROTA_CLAIM, ROTA_MOVE, rota_table=True, setup=SPLIT
+        ROTA_CLAIM, ROTA_MOVE, rota_table=True, setup=SPLIT, key_index="partial"
     ),
 }
 BATCH = 100
@@ -250,6 +252,8 @@ def shape_drain(
     shape = SHAPES[name]
     if shape.rota_table:
         dsn = rota_bench.fresh(new_database, "floor_rota")
+        if shape.key_index:
+            use_key_index(dsn, shape.key_index)
         if shape.setup:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(shape.setup)
