@@ -141,7 +141,10 @@ def _check_ratios(report: dict[str, Any], setups: tuple[str, ...]) -> None:
     compared = [g for g in report["goals"] if against.get(g["goal"]) == setups]
     assert compared
     for goal in compared:
-        assert goal["ratio"] is not None and goal["peer_best_setup"] in setups, goal
+        assert goal["peer_best_setup"] in setups, goal
+        # At --quick scale a peer's drain can cost the server less than one tick
+        # of /proc's clock (10 ms): its CPU reads 0, and no ratio is defined.
+        assert goal["ratio"] is not None or goal["peer_best"] == 0, goal
 
 
 def test_benchmark_beside_graphile_worker_produces_every_ratio(tmp_path: Path) -> None:
