@@ -79,7 +79,15 @@ def _running(conn: psycopg.Connection[Any], worker: str, limit: int) -> list[tup
     """Claim `limit` jobs as `worker` with the worker's own claim; (id, attempts) of each."""
     rows = conn.execute(
         sql.query("claim_jobs"),
-        {"worker": worker, "limit": limit, "lease": 300, "types": None, "now": None, "since": None},
+        {
+            "worker": worker,
+            "limit": limit,
+            "lease": 300,
+            "types": None,
+            "now": None,
+            "since": None,
+            "limited_since": None,
+        },
     ).fetchall()
     conn.commit()
     return [(r[0], r[6]) for r in rows]  # id and attempts: columns 1 and 7 of rota.job
@@ -189,6 +197,7 @@ def plans(
             "types": None,
             "now": None,
             "since": None,
+            "limited_since": None,
         }
         params = {"claim_jobs": claim, "extend_leases": heartbeat, "write_outcomes": finish}
         for name in HOT:
@@ -307,6 +316,7 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
         "types": None,
         "now": None,
         "since": None,
+        "limited_since": None,
     }
     claim_sql, finish_sql = sql.query("claim_jobs"), sql.query("write_outcomes")
     with psycopg.connect(dsn, options=options, autocommit=(mode == "serial")) as conn:
@@ -342,7 +352,15 @@ def raw_listener(dsn: str, flushed: bool) -> None:
     options = "" if flushed else "-c synchronous_commit=off"
     worker = f"raw:{os.getpid()}"
     claim_sql = sql.query("claim_jobs")
-    params = {"worker": worker, "limit": 10, "lease": 30, "types": None, "now": None, "since": None}
+    params = {
+        "worker": worker,
+        "limit": 10,
+        "lease": 30,
+        "types": None,
+        "now": None,
+        "since": None,
+        "limited_since": None,
+    }
     with psycopg.connect(dsn, autocommit=True, options=options) as conn:
         conn.execute(sql.query("listen_jobs"))
         while not halt.is_set():

@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, LiteralString, cast
 
 from psycopg import Cursor, pq
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import Jsonb
 
 from rota import sql
 from rota.attempt import Attempt, Key, Lease
@@ -38,15 +39,17 @@ def claim(
     types: Sequence[str] | None = None,
     now: datetime | None = None,
     since: Sequence[datetime | None] | None = None,
+    limited_since: Mapping[str, Sequence[datetime | None]] | None = None,
 ) -> list[Job]:
     """Claim up to `limit` ready jobs (of `types`, or any) for `worker_id`.
 
     `since`, one run_at per priority (None: from the first), is where each
-    priority's walk starts (see rota.floor.Floor).
+    priority's walk starts; `limited_since`, the same for the jobs without a
+    group of each limited type (see rota.floor.Floor).
     """
     if limit < 1:
         return []
-    params = _claim_params(worker_id, limit, lease_seconds, now, since)
+    params = _claim_params(worker_id, limit, lease_seconds, now, since, limited_since)
     query = _claim_query(types)
     with errors_wrapped(), _keyed(conn, query, params, tuple_row, binary=True, claim=True) as cur:
         return jobs_of(cur)
@@ -150,6 +153,7 @@ def _claim_params(
     lease_seconds: float,
     now: datetime | None,
     since: Sequence[datetime | None] | None,
+    limited_since: Mapping[str, Sequence[datetime | None]] | None = None,
 ) -> dict[str, object]:
     return {
         "worker": worker_id,
@@ -158,6 +162,7 @@ def _claim_params(
         "types": None,  # written into the statement when given (see _claim_query)
         "now": now,
         "since": _times(since),
+        "limited_since": _starts_by_type(limited_since),
     }
 
 
@@ -166,6 +171,18 @@ def _times(since: Sequence[datetime | None] | None) -> str | None:
     if since is None or all(t is None for t in since):
         return None
     return "{" + ",".join("NULL" if t is None else f'"{t.isoformat()}"' for t in since) + "}"
+
+
+def _starts_by_type(
+    starts: Mapping[str, Sequence[datetime | None]] | None,
+) -> Jsonb | None:
+    """{type: [run_at as ISO text, or null, per priority]}; None when no type has one."""
+    kept = {
+        job_type: [None if t is None else t.isoformat() for t in times]
+        for job_type, times in (starts or {}).items()
+        if any(t is not None for t in times)
+    }
+    return Jsonb(kept) if kept else None
 
 
 def write_and_claim(
@@ -177,6 +194,7 @@ def write_and_claim(
     types: Sequence[str] | None = None,
     now: datetime | None = None,
     since: Sequence[datetime | None] | None = None,
+    limited_since: Mapping[str, Sequence[datetime | None]] | None = None,
 ) -> tuple[dict[tuple[int, int], Status], list[Job]]:
     """Write a batch of outcomes and claim up to `limit` jobs: one round trip, one commit.
 
@@ -196,7 +214,7 @@ def write_and_claim(
         claimed = claim_cursor(conn, tuple_row)
         claimed.execute(
             _claim_query(types),
-            _claim_params(worker_id, limit, lease_seconds, now, since),
+            _claim_params(worker_id, limit, lease_seconds, now, since, limited_since),
             binary=True,
         )
     with errors_wrapped():

@@ -133,16 +133,18 @@ SELECT idempotency_key, id FROM rota.job WHERE idempotency_key = ANY(%(keys)s::t
 -- scan of the type index over the ordered walk (28,000 rows for a claim of
 -- 100 in tests/integration/test_control.py).
 -- Jobs of types with a limit (rota.job_limit) are picked first, by
--- rota.pick_limited (migrations 0013, 0020, 0021), which holds each limit
--- exact across workers and returns each job with the slot it starts in; the
+-- rota.pick_limited (migrations 0013, 0020, 0021, 0032), which holds each limit
+-- exact across workers and returns each job with the slot it starts in (its
+-- walk of each type's jobs without a group starts where limited_since says,
+-- a JSON object of ten run_at values per type, see rota.floor.Floor); the
 -- walk below skips those types, and when no limit applies to the types
 -- claimed the function is not called at all: unlimited types pay one look at
 -- the small limits table. One UPDATE starts every job picked, and its
 -- RETURNING is the statement's result.
 WITH limited AS MATERIALIZED (
     SELECT l.id, l.limit_slot
-    FROM rota.pick_limited(coalesce(%(now)s::timestamptz, now()), %(types)s::text[], %(limit)s)
-         AS l
+    FROM rota.pick_limited(coalesce(%(now)s::timestamptz, now()), %(types)s::text[], %(limit)s,
+                           %(limited_since)s::jsonb) AS l
     WHERE EXISTS (SELECT FROM rota.job_limit
                   WHERE %(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
 ),
@@ -210,6 +212,27 @@ WHERE NOT EXISTS (SELECT FROM rota.paused_type WHERE type = '*')
 
 -- name: limited_types
 SELECT type FROM rota.job_limit
+
+-- name: limited_floor
+-- The first due ready job without a group of each priority of each limited
+-- type (none where there is none), for rota.claim.Floor: the walk of
+-- rota.pick_limited's jobs without a group, from the first entry.
+SELECT l.type, p.priority, f.run_at
+FROM rota.job_limit AS l
+CROSS JOIN generate_series(0, 9) AS p(priority)
+CROSS JOIN LATERAL (
+    SELECT j.run_at
+    FROM rota.job AS j
+    WHERE j.status = 'ready'
+      AND j.type = l.type
+      AND j.group_key IS NULL
+      AND j.priority = p.priority
+      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY j.group_key, j.run_at, j.id  -- job_group_ready_idx's order
+    LIMIT 1
+) AS f
+WHERE (%(types)s::text[] IS NULL OR l.type = ANY(%(types)s::text[]))
+  AND NOT EXISTS (SELECT FROM rota.paused_type AS t WHERE t.type IN (l.type, '*'))
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the

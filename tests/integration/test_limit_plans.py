@@ -91,6 +91,15 @@ def test_the_group_walk_statements_never_sort(big_backlog: str) -> None:
         " WHERE j.status = 'ready' AND j.type = $1 AND j.group_key = $2"
         " AND j.priority = p.priority AND j.run_at <= $3 ORDER BY j.run_at, j.id"
         " LIMIT $4 FOR UPDATE SKIP LOCKED) AS c LIMIT $4",
+        "jobs without a group, from a start": "SELECT c.id"
+        " FROM generate_series(0, 9) AS p(priority)"
+        " CROSS JOIN LATERAL (SELECT j.id FROM rota.job AS j"
+        " WHERE j.status = 'ready' AND j.type = $1 AND j.group_key IS NULL"
+        " AND j.priority = p.priority"
+        " AND (j.run_at, j.id) >= (coalesce(($2::jsonb ->> p.priority)::timestamptz,"
+        " '-infinity'), 0)"
+        " AND j.run_at <= $3 ORDER BY j.group_key, j.run_at, j.id"
+        " LIMIT $4 FOR UPDATE SKIP LOCKED) AS c LIMIT $4",
     }
     with psycopg.connect(big_backlog, autocommit=True) as conn:
         for what, text in statements.items():

@@ -177,7 +177,7 @@ def test_a_large_claim_marks_its_rows_by_primary_key(backlog: str, limit: int) -
     with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
         params = {
             "worker": WORKER, "limit": limit, "lease": 30.0, "types": None, "now": None,
-            "since": None,
+            "since": None, "limited_since": None,
         }  # fmt: skip
         plan = _custom_plan(c, "claim_jobs", params)
         _assert_keyed(plan)
@@ -238,7 +238,7 @@ def _executed(conn: psycopg.Connection[Any], text: str, values: dict[str, str]) 
 
 def _claim_values(limit: int, since: str = "NULL") -> dict[str, str]:
     return {"now": "NULL", "limit": str(limit), "worker": f"'{WORKER}'", "lease": "30",
-            "since": since}  # fmt: skip
+            "since": since, "limited_since": "NULL"}  # fmt: skip
 
 
 def _removed(plan: dict[str, Any]) -> int:

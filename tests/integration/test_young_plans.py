@@ -53,7 +53,7 @@ def test_a_workers_plans_made_on_a_small_table_stay_keyed_as_it_grows(plans) -> 
     def turn() -> None:
         nonlocal pending
         rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(10)])
-        since, generation = floor.bounds()
+        since, _, generation = floor.bounds()
         _, jobs = claims.write_and_claim(conn, "w", pending, 50, 30.0, ["t"], None, since)
         floor.claimed(jobs, generation)
         pending = [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs]

@@ -10,6 +10,7 @@ import sys
 import psycopg
 import pytest
 
+from rota import claim as claims
 from rota import sql
 from rota.errors import MigrationError
 from rota.migrate import applied, migrate, require_current
@@ -86,8 +87,7 @@ def test_claiming_uses_the_ready_index_among_many_done_rows(conn: psycopg.Connec
     conn.execute("INSERT INTO rota.job (type) SELECT 't' FROM generate_series(1, 10)")
     conn.execute("ANALYZE rota.job")
     plan = conn.execute(
-        "EXPLAIN " + sql.query("claim_jobs"),
-        {"worker": "w", "limit": 10, "lease": 30, "types": None, "now": None, "since": None},
+        "EXPLAIN " + sql.query("claim_jobs"), claims._claim_params("w", 10, 30, None, None)
     ).fetchall()
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
     # job_claim_idx replaced job_ready_idx in migration 0004 (priorities).

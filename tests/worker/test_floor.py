@@ -37,3 +37,29 @@ def test_a_job_ready_behind_where_the_claims_start_runs(
         behind = rota.enqueue(conn, "note", run_at=row(conn, first)["run_at"] - timedelta(hours=1))
         wait_for(lambda: row(conn, behind)["status"] == "done", 20, "the job behind to be done")
     assert ran == [first, behind]
+
+
+def test_a_limited_job_ready_behind_where_its_picks_start_runs(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    ran: list[int] = []
+
+    async def note(job: Job) -> None:
+        ran.append(job.id)
+
+    rota.set_limit(conn, "note", concurrency=5)
+    with _running(db_url, _async_handlers(note=note), 2, poll_interval_seconds=60) as worker:
+        # The probe's first round, before the first claim, learns that "note" is limited.
+        wait_for(lambda: worker.probe.rounds >= 1, 20, "the floor probe's first round")
+        first = rota.enqueue(conn, "note")
+        wait_for(lambda: row(conn, first)["status"] == "done", 20, "the first job to be done")
+        wait_for(
+            lambda: worker.claims.floor.bounds()[1].get("note", [None])[0] is not None,
+            20,
+            "the limited type's picks to start late",
+        )
+        probes = worker.probe.rounds
+        wait_for(lambda: worker.probe.rounds > probes, 20, "a probe after that")
+        behind = rota.enqueue(conn, "note", run_at=row(conn, first)["run_at"] - timedelta(hours=1))
+        wait_for(lambda: row(conn, behind)["status"] == "done", 20, "the job behind to be done")
+    assert ran == [first, behind]

@@ -85,7 +85,7 @@ class Claims:
         if lane.waits_for_notify:
             return await lane.link.run(self._claim_when_notified, free)
         s = self.settings
-        since, generation = self.floor.bounds()
+        since, limited, generation = self.floor.bounds()
         written, jobs = await lane.link.run(
             claims.write_and_claim,
             s.worker_id,
@@ -95,6 +95,7 @@ class Claims:
             self.types,
             None,
             since,
+            limited,
         )
         self.floor.claimed(jobs, generation)
         return written, jobs
@@ -109,8 +110,10 @@ class Claims:
         if self.closed:
             return {}, []
         s = self.settings
-        since, generation = self.floor.bounds()
-        jobs = claims.claim(conn, s.worker_id, limit, s.lease_seconds, self.types, None, since)
+        since, limited, generation = self.floor.bounds()
+        jobs = claims.claim(
+            conn, s.worker_id, limit, s.lease_seconds, self.types, None, since, limited
+        )
         self.floor.claimed(jobs, generation)
         return {}, jobs
 

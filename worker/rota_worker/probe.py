@@ -5,7 +5,9 @@ A job can still become ready behind that point (a paused type resumed, a claim
 rolled back elsewhere, a run_at given in the past): this loop (`rota_worker.loops`,
 on a connection of its own) looks for such jobs every `Floor.PROBE_SECONDS`,
 moves the start back to them and wakes an idle claim. A failed probe costs only
-the delay of such a job: the next round tries again.
+the delay of such a job: the next round tries again. Its first round runs
+before the worker's first claim: it learns which types are limited, whose jobs
+move starts of their own.
 """
 
 from __future__ import annotations

@@ -204,6 +204,9 @@ class Worker:
                     start_thread(service, self.dsn, services_stop, deadlines=self.deadlines)
                 self.leases.start_on(loop)
                 self.stalls.start()
+                # Its first round before the first claim: which types are
+                # limited, so that the claims' starts know from the first.
+                await loop.run_in_executor(io, self.probe.step)
                 self.probe.start()
                 tasks = [
                     asyncio.create_task(self.outcomes.run(links["flush"])),
