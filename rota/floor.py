@@ -105,7 +105,8 @@ class Floor:
                 starts[p] = _raised(starts[p], run_at - self.MARGIN)
 
     def probe(self, conn: Conn, now: datetime | None = None) -> list[int]:
-        """Move back each priority's start to its first ready job; the priorities moved."""
+        """Move back each start (the walk's, each limited type's) to its first ready
+        job; the priorities moved. Learns which types are limited."""
         with self._lock:
             walk = any(since is not None for since in self._since)
             picks = bool(self._limited_since)
@@ -134,9 +135,11 @@ class Floor:
                 del self._limited_since[job_type]
             for job_type, priority, run_at in firsts_limited:
                 starts = self._limited_since.get(job_type)
-                since = None if starts is None else starts[priority]
-                if since is not None and run_at < since:
-                    assert starts is not None
+                if (
+                    starts is not None
+                    and starts[priority] is not None
+                    and run_at < starts[priority]
+                ):
                     self._generation += 1
                     self._limited_lowered[(job_type, priority)] = self._generation
                     starts[priority] = run_at
