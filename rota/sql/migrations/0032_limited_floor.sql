@@ -8,9 +8,9 @@
 -- without a group, each time from the first entry of the range: past every
 -- job claimed since the oldest snapshot. Beside a report left open, the claims
 -- of a limited type grew slower with every job run (2,900 entries read for a
--- claim of 10 in tests/integration/test_claim_floor.py); with no such
--- transaction, autovacuum's pace still left a drain under a limit reading
--- tens of pages per claim that the unlimited claim skipped.
+-- claim of 10 in tests/integration/test_claim_floor.py). With no such
+-- transaction the walk is short and this changes little (bench/JOURNAL.md,
+-- "The limited claim's starts").
 --
 -- `since` is a JSON object of the worker's starts: for each limited type, an
 -- array of ten run_at values, one per priority (null: from the first). The
