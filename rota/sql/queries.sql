@@ -215,7 +215,7 @@ SELECT type FROM rota.job_limit
 
 -- name: limited_floor
 -- The first due ready job without a group of each priority of each limited
--- type (none where there is none), for rota.claim.Floor: the walk of
+-- type (none where there is none), for rota.floor.Floor: the walk of
 -- rota.pick_limited's jobs without a group, from the first entry.
 SELECT l.type, p.priority, f.run_at
 FROM rota.job_limit AS l
