@@ -56,6 +56,7 @@ from bench.peers import PgQueuerUvloop, available
 from bench.run import Plan
 from bench.server import Server
 from rota import sql
+from rota.claim import _claim_params
 
 HOT = ("claim_jobs", "extend_leases", "write_outcomes")
 NewDatabase = Callable[[str], str]
@@ -79,15 +80,7 @@ def _running(conn: psycopg.Connection[Any], worker: str, limit: int) -> list[tup
     """Claim `limit` jobs as `worker` with the worker's own claim; (id, attempts) of each."""
     rows = conn.execute(
         sql.query("claim_jobs"),
-        {
-            "worker": worker,
-            "limit": limit,
-            "lease": 300,
-            "types": None,
-            "now": None,
-            "since": None,
-            "limited_since": None,
-        },
+        _claim_params(worker, limit, 300, None, None),
     ).fetchall()
     conn.commit()
     return [(r[0], r[6]) for r in rows]  # id and attempts: columns 1 and 7 of rota.job
@@ -190,15 +183,7 @@ def plans(
             "lease": 30,
             "now": None,
         }
-        claim = {
-            "worker": "bench:plans:2",
-            "limit": 100,
-            "lease": 30,
-            "types": None,
-            "now": None,
-            "since": None,
-            "limited_since": None,
-        }
+        claim = _claim_params("bench:plans:2", 100, 30, None, None)
         params = {"claim_jobs": claim, "extend_leases": heartbeat, "write_outcomes": finish}
         for name in HOT:
             entry: dict[str, Any] = {"generic_plan": _explain_generic(conn, name)}
@@ -309,15 +294,7 @@ def raw_worker(dsn: str, mode: str, custom: bool, batch: int) -> None:
     halt = halted_by_sigterm()
     worker = f"raw:{os.getpid()}"
     options = "-c plan_cache_mode=force_custom_plan" if custom else ""
-    claim_params = {
-        "worker": worker,
-        "limit": batch,
-        "lease": 30,
-        "types": None,
-        "now": None,
-        "since": None,
-        "limited_since": None,
-    }
+    claim_params = _claim_params(worker, batch, 30, None, None)
     claim_sql, finish_sql = sql.query("claim_jobs"), sql.query("write_outcomes")
     with psycopg.connect(dsn, options=options, autocommit=(mode == "serial")) as conn:
         held: list[tuple[int, int]] = []
@@ -352,15 +329,7 @@ def raw_listener(dsn: str, flushed: bool) -> None:
     options = "" if flushed else "-c synchronous_commit=off"
     worker = f"raw:{os.getpid()}"
     claim_sql = sql.query("claim_jobs")
-    params = {
-        "worker": worker,
-        "limit": 10,
-        "lease": 30,
-        "types": None,
-        "now": None,
-        "since": None,
-        "limited_since": None,
-    }
+    params = _claim_params(worker, 10, 30, None, None)
     with psycopg.connect(dsn, autocommit=True, options=options) as conn:
         conn.execute(sql.query("listen_jobs"))
         while not halt.is_set():

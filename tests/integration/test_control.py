@@ -154,14 +154,7 @@ def test_the_claim_is_one_index_walk_over_a_million_ready_jobs(conn) -> None:
         " SELECT 'job1', g % 10, now() + interval '1 day' FROM generate_series(1, 200000) AS g"
     )
     conn.execute("ANALYZE rota.job")
-    params = {
-        "worker": "w",
-        "limit": 100,
-        "lease": 30,
-        "now": None,
-        "since": None,
-        "limited_since": None,
-    }
+    params = claims._claim_params("w", 100, 30, None, None)
     for types in (None, ["job1", "job2"]):
         text = sql.query("claim_jobs")
         with conn.transaction():

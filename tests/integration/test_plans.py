@@ -175,10 +175,7 @@ def test_a_large_claim_marks_its_rows_by_primary_key(backlog: str, limit: int) -
     # On a table of a drain's size a join of the picked rows was planned as a
     # hash join over a sequential scan of the table from a few hundred rows on.
     with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
-        params = {
-            "worker": WORKER, "limit": limit, "lease": 30.0, "types": None, "now": None,
-            "since": None, "limited_since": None,
-        }  # fmt: skip
+        params = claims._claim_params(WORKER, limit, 30.0, None, None)
         plan = _custom_plan(c, "claim_jobs", params)
         _assert_keyed(plan)
         assert plan["Actual Rows"] == limit
