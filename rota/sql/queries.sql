@@ -325,15 +325,16 @@ counted AS (
 -- A slot of a limit that held a claim back came free: idle workers wake to
 -- claim the jobs it held back (one notification per transaction, folded by
 -- PostgreSQL). A limit that held nothing back wakes nobody: a commit that
--- notifies takes a lock of the whole cluster (migration 0021).
+-- notifies takes a lock of the whole cluster (migration 0021). The limits and
+-- slots holding back are read once for the batch (each IN is one hashed
+-- subplan), not probed for every job written.
 woken AS (
     SELECT pg_notify('rota_jobs', '')
     WHERE EXISTS (
-        SELECT FROM written JOIN rota.job_limit AS l ON l.type = written.type
-        WHERE l.held_back
-           OR EXISTS (SELECT FROM rota.job_limit_slot AS ls
-                      WHERE ls.type = written.type AND ls.slot = written.limit_slot
-                        AND ls.held_back))
+        SELECT FROM written
+        WHERE written.type IN (SELECT l.type FROM rota.job_limit AS l WHERE l.held_back)
+           OR (written.type, written.limit_slot) IN (
+                  SELECT ls.type, ls.slot FROM rota.job_limit_slot AS ls WHERE ls.held_back))
 )
 SELECT id, attempts, status FROM written LEFT JOIN woken ON true
 

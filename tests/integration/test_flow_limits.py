@@ -446,6 +446,33 @@ def test_a_claim_served_by_two_slots_was_not_held_back(db_url: str) -> None:
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
 
 
+@pytest.mark.parametrize("plans", ["auto", "force_generic_plan"])
+def test_a_batch_of_limited_outcomes_reads_the_limit_slots_once(db_url: str, plans: str) -> None:
+    """Whether the batch frees a slot that held a claim back is asked once per
+    batch, not once per job, whatever the plan (a worker's statement is
+    prepared): the wake check was an index probe of rota.job_limit_slot for
+    every outcome written."""
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        rota.set_limit(setup, "payment", concurrency=1_000)
+        rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(50)])
+    with psycopg.connect(db_url) as conn:  # one transaction: its own statistics
+        conn.execute("SELECT set_config('plan_cache_mode', %s, true)", (plans,))
+        jobs = claim(conn, "w", 50, 30)
+        assert len(jobs) == 50
+        before = _slot_reads(conn)
+        finish(conn, jobs)
+        assert _slot_reads(conn) - before <= 2
+
+
+def _slot_reads(conn: psycopg.Connection[Any]) -> int:
+    found = conn.execute(
+        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables"
+        " WHERE relid = 'rota.job_limit_slot'::regclass"
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
 def _expire(conn: psycopg.Connection[Any], job_id: int) -> None:
     conn.execute(
         "UPDATE rota.job SET locked_until = now() - interval '1 second' WHERE id = %s", (job_id,)
