@@ -217,9 +217,10 @@ def test_a_limited_claim_from_its_floor_walks_past_the_jobs_a_held_snapshot_keep
     ):
         rota.set_limit(c, "t", concurrency=1_000_000)
         floor = _claimed_beside_a_held_snapshot(c, held)
-        # The picks may walk job_group_ready_idx or job_claim_idx, as planned. (The
+        # The picks may walk job_group_ready_idx or job_claim_idx, as planned. (A
         # count of the jobs running in a slot reads every version the snapshot
-        # keeps in job_limit_slot_idx: a count has no start to keep.)
+        # keeps in job_limit_slot_idx, but a limit with room to spare is not
+        # counted: its slot's bound stands in, migration 0033.)
         ready = ("job_group_ready_idx", "job_claim_idx")
         from_first, claimed = _entries_walked(c, None, None, ready)
         assert claimed == 10

@@ -373,6 +373,59 @@ def test_the_path_of_one_row_puts_each_job_in_a_slot_with_room(db_url: str) -> N
         assert claim(c, "w3", 20, 30) == []
 
 
+def test_a_claim_under_a_limit_with_room_to_spare_counts_no_running_job(db_url: str) -> None:
+    """A slot's bound (what ran in it and what its last claim started there)
+    stands for its count while the share less the bound leaves room for the
+    claim: no read of job_limit_slot_idx, whose every entry costs a visit to
+    the table, and every version a long transaction keeps."""
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        rota.set_limit(setup, "payment", concurrency=1_000)  # shares of 250
+        rota.enqueue_many(setup, [rota.NewJob("payment") for _ in range(30)])
+    with psycopg.connect(db_url) as conn:  # one backend: its claims start at one slot
+        assert len(claim(conn, "w", 10, 30)) == 10  # no bound yet: counted
+        conn.commit()
+        before = _slot_index_scans(conn)  # (the backend's counts not yet reported)
+        assert len(claim(conn, "w", 10, 30)) == 10
+        scans = _slot_index_scans(conn) - before
+        conn.commit()
+        assert scans == 0
+        bounds = conn.execute(
+            "SELECT running_at_most FROM rota.job_limit_slot"
+            " WHERE type = 'payment' AND running_at_most IS NOT NULL"
+        ).fetchall()
+    assert bounds == [(20,)]
+
+
+def _slot_index_scans(conn: psycopg.Connection[Any]) -> int:
+    """Scans of job_limit_slot_idx this backend has made and not yet reported
+    (it reports when idle outside a transaction, at most once a second)."""
+    found = conn.execute(
+        "SELECT pg_stat_get_xact_numscans('rota.job_limit_slot_idx'::regclass)"
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_a_bound_left_by_a_slot_claim_is_forgotten_by_the_path_of_one_row(db_url: str) -> None:
+    """The path of one row starts jobs in slots by its own count; a bound left
+    before it would let the next claim on slots pass the limit."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(60)])
+        rota.set_limit(c, "payment", concurrency=40)  # shares of 10
+        assert len(claim(c, "w1", 2, 30)) == 2  # on slots: a bound of 2 left
+        rota.set_limit(c, "payment", concurrency=40, rate=1_000, per=60)
+        assert not settled(c, "payment")
+        assert len(claim(c, "w2", 60, 30)) == 38  # on one row: every slot full
+        rota.set_limit(c, "payment", concurrency=40)
+        assert settled(c, "payment")
+        assert claim(c, "w1", 8, 30) == []  # 10 run in the slot, not 2
+        slots = c.execute(
+            "SELECT limit_slot, count(*) AS n FROM rota.job WHERE status = 'running'"
+            " GROUP BY limit_slot ORDER BY limit_slot"
+        ).fetchall()
+        assert {r["limit_slot"]: r["n"] for r in slots} == {0: 10, 1: 10, 2: 10, 3: 10}
+
+
 def wait_for_lock_wait(
     db_url: str, seconds: float = 30.0, unless: Callable[[], bool] | None = None
 ) -> None:

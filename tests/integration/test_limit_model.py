@@ -63,7 +63,9 @@ class LimitedClaims(RuleBasedStateMachine):
 
     @rule(
         job_type=st.sampled_from(TYPES),
-        concurrency=st.none() | st.integers(1, 4),
+        # Shares of 1 or less bind every claim; 12 and 40 leave room, which a
+        # slot's bound (migration 0033) stands in for the count of.
+        concurrency=st.none() | st.integers(1, 4) | st.sampled_from([12, 40]),
         group_concurrency=st.none() | st.integers(1, 3),
         rate=st.none() | st.integers(1, 6),
     )
@@ -205,6 +207,21 @@ class LimitedClaims(RuleBasedStateMachine):
             return True
         by_group = Counter(r["group_key"] for r in running)
         return any(by_group[r["group_key"]] < limit["group"] for r in due)
+
+    @invariant()
+    def each_slot_bound_holds_what_runs_in_it(self) -> None:
+        """A slot's bound (migration 0033) stands for its count of running jobs
+        in the claims that follow: it may be over that count, never under."""
+        under = self.conn.execute(
+            "SELECT ls.type, ls.slot, ls.running_at_most, count(j.id) AS running"
+            " FROM rota.job_limit_slot AS ls"
+            " LEFT JOIN rota.job AS j"
+            "   ON j.type = ls.type AND j.limit_slot = ls.slot AND j.status = 'running'"
+            " WHERE ls.running_at_most IS NOT NULL"
+            " GROUP BY ls.type, ls.slot, ls.running_at_most"
+            " HAVING count(j.id) > ls.running_at_most"
+        ).fetchall()
+        assert under == [], under
 
     @invariant()
     def attempts_count_claims_only(self) -> None:
