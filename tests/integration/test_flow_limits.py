@@ -396,6 +396,45 @@ def test_a_claim_under_a_limit_with_room_to_spare_counts_no_running_job(db_url: 
     assert bounds == [(20,)]
 
 
+@pytest.mark.parametrize("write", ["update", "insert"])
+def test_a_job_made_running_in_a_slot_by_hand_is_counted_by_the_next_claim(
+    db_url: str, write: str
+) -> None:
+    """A slot's bound holds what claims started; a row written running into the
+    slot by hand makes the slot forget it, so the next claim counts."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.set_limit(c, "payment", concurrency=40)  # shares of 10
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(30)])
+        finish(c, claim(c, "w", 2, 30))  # its slot's bound: 2, with none running
+        [slot] = c.execute(
+            "SELECT slot FROM rota.job_limit_slot WHERE running_at_most IS NOT NULL"
+        ).fetchall()
+        if write == "update":
+            c.execute(
+                "UPDATE rota.job SET status = 'running', limit_slot = %(slot)s,"
+                " locked_by = 'hand', locked_until = now() + interval '1 hour', attempts = 1"
+                " WHERE id IN (SELECT id FROM rota.job WHERE status = 'ready' LIMIT 9)",
+                slot,
+            )
+        else:
+            c.execute(
+                "INSERT INTO rota.job (type, status, limit_slot, locked_by, locked_until,"
+                " attempts)"
+                " SELECT 'payment', 'running', %(slot)s, 'hand', now() + interval '1 hour', 1"
+                " FROM generate_series(1, 9)",
+                slot,
+            )
+        # The same session starts at the same slot: with the bound of 2 it would
+        # take 8 there, 17 running in a share of 10.
+        assert len(claim(c, "w", 8, 30)) == 8
+        slots = c.execute(
+            "SELECT limit_slot, count(*) AS n FROM rota.job WHERE status = 'running'"
+            " GROUP BY limit_slot"
+        ).fetchall()
+        assert {r["limit_slot"]: r["n"] for r in slots}[slot["slot"]] == 10
+        assert all(r["n"] <= 10 for r in slots), slots
+
+
 def _slot_index_scans(conn: psycopg.Connection[Any]) -> int:
     """Scans of job_limit_slot_idx this backend has made and not yet reported
     (it reports when idle outside a transaction, at most once a second)."""

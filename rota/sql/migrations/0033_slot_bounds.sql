@@ -24,10 +24,10 @@
 --
 -- The path of one row labels jobs with slots by its own count of every
 -- running job, and forgets the slots' bounds. A job made running in a slot by
--- a statement of one's own (rota.job written by hand, not a claim) is counted
--- at the slot's next count, as a job made running with no slot never is. A
--- trigger that made the slot forget its bound on such a write cost every
--- claim and outcome about 1 us a job, limited or not (bench/JOURNAL.md).
+-- any other statement (rota.job written by hand: an UPDATE or an INSERT)
+-- makes its slot forget its bound, by a trigger, so that the slot's next
+-- claim counts it. The claim marks its own transaction (rota.claiming), which
+-- the trigger's WHEN clause reads: the jobs a claim starts call no function.
 
 ALTER TABLE rota.job_limit_slot ADD COLUMN running_at_most integer;
 
@@ -66,6 +66,9 @@ BEGIN
     IF wanted < 1 OR EXISTS (SELECT FROM rota.paused_type WHERE type = '*') THEN
         RETURN;
     END IF;
+    -- The jobs this claim starts in slots are in the slots' bounds: the
+    -- trigger job_slot_bound_update lets them be.
+    PERFORM set_config('rota.claiming', 'on', true);
     FOR lim IN
         SELECT l.* FROM rota.job_limit AS l
         WHERE (types IS NULL OR l.type = ANY(types))
@@ -269,4 +272,29 @@ BEGIN
 END
 $$;
 
+-- A job made running in a slot by any statement but a claim: the slot's bound
+-- may now be under what runs there, so it is forgotten, and the slot's next
+-- claim counts. (The UPDATE waits for a claim that holds the slot; that
+-- claim's bound is written first, then forgotten.)
+CREATE FUNCTION rota.slot_bound_forgotten() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE rota.job_limit_slot AS ls SET running_at_most = NULL
+    WHERE ls.type = NEW.type AND ls.slot = NEW.limit_slot AND ls.running_at_most IS NOT NULL;
+    RETURN NULL;
+END
+$$;
 
+CREATE TRIGGER job_slot_bound_insert AFTER INSERT ON rota.job
+FOR EACH ROW WHEN (NEW.status = 'running' AND NEW.limit_slot IS NOT NULL)
+EXECUTE FUNCTION rota.slot_bound_forgotten();
+
+-- Every claim asks this of each job it starts: a job with no slot stops at
+-- the second test, one a claim starts in a slot at the last (the setting
+-- rota.pick_limited makes for its transaction).
+CREATE TRIGGER job_slot_bound_update AFTER UPDATE OF status, limit_slot, type ON rota.job
+FOR EACH ROW WHEN (NEW.status = 'running' AND NEW.limit_slot IS NOT NULL
+                   AND (OLD.status <> 'running' OR OLD.limit_slot IS DISTINCT FROM NEW.limit_slot
+                        OR OLD.type <> NEW.type)
+                   AND current_setting('rota.claiming', true) IS DISTINCT FROM 'on')
+EXECUTE FUNCTION rota.slot_bound_forgotten();
