@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,10 +11,12 @@ import psycopg
 import pytest
 
 import rota
-from rota import handlers
+from rota import handlers, sql
 from rota.errors import InvalidInput
 from rota.lookup import get_job
 from rota.settings import QueueSettings
+
+enqueue_module = importlib.import_module("rota.enqueue")
 
 
 def rows(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
@@ -62,32 +65,50 @@ def test_batch_keeps_input_order_and_folds_duplicate_keys(conn: psycopg.Connecti
     assert len(by_id) == 4
 
 
-@pytest.mark.parametrize(
-    "job",
-    [
-        rota.NewJob("t"),
-        rota.NewJob("t", {"a": [1, "x"]}, key="k-1"),
-        rota.NewJob("t", None, delay=30.5, max_attempts=3),
-        rota.NewJob("t", "text", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
-        rota.NewJob("prioritized", [1, 2], priority=7, timeout=2.5),
-        rota.NewJob("prioritized"),  # the handler's priority
-        rota.NewJob("t", {"n": 1}, group="tenant-1"),
-    ],
-)
+JOBS_OF_EVERY_SHAPE = [
+    rota.NewJob("t"),
+    rota.NewJob("t", {"a": [1, "x"]}, key="k-1"),
+    rota.NewJob("t", None, delay=30.5, max_attempts=3),
+    rota.NewJob("t", "text", run_at=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)),
+    rota.NewJob("prioritized", [1, 2], priority=7, timeout=2.5),
+    rota.NewJob("prioritized"),  # the handler's priority
+    rota.NewJob("t", {"n": 1}, group="tenant-1"),
+]
+
+
+@pytest.mark.parametrize("job", JOBS_OF_EVERY_SHAPE)
 def test_one_job_makes_the_row_a_batch_makes(
     conn: psycopg.Connection[Any], job: rota.NewJob, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A single job takes a statement of its own: it must write what the batch does.
+    # A single job, a batch without keys and a batch with one each take a
+    # statement of their own: they must write the same row.
     monkeypatch.setattr(handlers, "_registry", {})
     rota.handler("prioritized", priority=4)(lambda job: None)
     now = datetime(2030, 6, 1, tzinfo=UTC)
     alone = rota.enqueue_many(conn, [job], now=now)
     batch = rota.enqueue_many(conn, [job, rota.NewJob("other")], now=now)
+    keyed = rota.enqueue_many(conn, [job, rota.NewJob("other", key="other-1")], now=now)
     made = {r["id"]: {k: v for k, v in r.items() if k != "id"} for r in rows(conn)}
     if job.key is None:
-        assert made[alone[0]] == made[batch[0]]
+        assert made[alone[0]] == made[batch[0]] == made[keyed[0]]
     else:
-        assert batch[0] == alone[0]  # the key already held
+        assert batch[0] == alone[0] == keyed[0]  # the key already held
+
+
+def test_jobs_without_keys_are_sent_without_the_keys_arbitration() -> None:
+    # No row can conflict, so they take a plain INSERT: no ON CONFLICT, whose
+    # speculative insertion writes a second WAL record for every row (48 bytes),
+    # and in a batch no join of the rows made back to the input.
+    keyless = [rota.NewJob("t"), rota.NewJob("t", group="g"), rota.NewJob("u", delay=5)]
+    assert enqueue_module._statement(keyless, QueueSettings(), None)[0] == sql.query(
+        "enqueue_jobs_without_keys"
+    )
+    keyed = [rota.NewJob("t"), rota.NewJob("t", key="k")]
+    assert enqueue_module._statement(keyed, QueueSettings(), None)[0] == sql.query("enqueue_jobs")
+    one = enqueue_module._statement(keyless[:1], QueueSettings(), None)[0]
+    assert one == sql.query("enqueue_job_without_key")
+    one = enqueue_module._statement(keyed[1:], QueueSettings(), None)[0]
+    assert one == sql.query("enqueue_job")
 
 
 def test_payloads_of_any_spelling_come_back_as_they_went(conn: psycopg.Connection[Any]) -> None:
