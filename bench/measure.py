@@ -48,7 +48,8 @@ class Drain:
     """From spawning the processes until the last job was done."""
     settings: str
     server_cpu_seconds: float | None = None
-    """PostgreSQL's CPU from spawning to the last job done (None: not measured)."""
+    """PostgreSQL's CPU from spawning to the last job done (None: not measured), the
+    backend of the connection watching the queue left out."""
     wal_bytes: int | None = None
     commits: int | None = None
     """Commits in the drain's database, the counting connection's own left out."""
@@ -64,6 +65,9 @@ class Drain:
     enqueue_cpu_seconds: float | None = None
     """PostgreSQL's CPU for enqueueing the drain's jobs (in batches of 1,000), before it."""
     enqueue_wal_bytes: int | None = None
+    watch_cpu_seconds: float | None = None
+    """The CPU of the watching connection's backend over the drain (its counts and
+    existence checks): the harness's, not the queue's, so not in server_cpu_seconds."""
     history_rows: int | None = None
     """Rows that record the drained jobs as done once the drain is over (Rota: its
     rows in rota.job; None for a queue that keeps no such row)."""
@@ -100,6 +104,10 @@ class Drain:
     @property
     def commits_per_job(self) -> float | None:
         return self._per_job(self.commits)
+
+    @property
+    def watch_cpu_seconds_per_1000_jobs(self) -> float | None:
+        return self._per_job(self.watch_cpu_seconds, 1000)
 
     @property
     def vacuum_cpu_seconds_per_1000_jobs(self) -> float | None:
@@ -235,7 +243,8 @@ def timed_drain(
     With `server`, also what the server spent: CPU and WAL from spawning the
     workers to the count that reads zero, commits from spawning until the
     workers' backends are gone (a backend's statistics are complete only once
-    it has exited); the counting connection's own commits are left out. Then
+    it has exited); the counting connection's own CPU and commits are left out
+    (its CPU is kept apart, in `watch_cpu_seconds`). Then
     a VACUUM ANALYZE of the database, its CPU and WAL measured on their own:
     the dead rows a drain leaves, and the statistics its changes call for, are
     the queue's cost, and taken here they are not taken later by autovacuum
@@ -250,6 +259,8 @@ def timed_drain(
         before = server.read()
     polls = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
+        watcher = conn.info.backend_pid
+        watch_before = cpu_seconds_of([watcher])
         spawned = time.perf_counter()
         processes = start()
         pids = [p.pid for p in processes]
@@ -272,6 +283,7 @@ def timed_drain(
                 if failure:
                     raise RuntimeError(failure)
                 time.sleep(POLL_SECONDS)
+            watched = cpu_seconds_of([watcher]) - watch_before
             after = server.read() if server is not None else None
         finally:
             stop(processes)
@@ -303,7 +315,8 @@ def timed_drain(
     vacuum_after = server.read()
     return dataclasses.replace(
         drain,
-        server_cpu_seconds=after.cpu_seconds - before.cpu_seconds,
+        server_cpu_seconds=after.cpu_seconds - before.cpu_seconds - watched,
+        watch_cpu_seconds=watched,
         wal_bytes=after.wal_lsn - before.wal_lsn,
         commits=commits,
         vacuum_cpu_seconds=vacuum_after.cpu_seconds - vacuum_before.cpu_seconds,

@@ -440,6 +440,22 @@ METRICS = [
         3,
     ),
     Metric(
+        "watch_cpu1",
+        "  the harness's watching connection, left out of the drain's: CPU s per 1,000 jobs,"
+        " 1 process",
+        _field("drain1", "watch_cpu_seconds_per_1000_jobs"),
+        False,
+        4,
+    ),
+    Metric(
+        "watch_cpu2",
+        "  the harness's watching connection, left out of the drain's: CPU s per 1,000 jobs,"
+        " 2 processes",
+        _field("drain2", "watch_cpu_seconds_per_1000_jobs"),
+        False,
+        4,
+    ),
+    Metric(
         "vacuum_cpu1",
         "  VACUUM ANALYZE after the drain: server CPU s per 1,000 jobs, 1 process",
         _field("drain1", "vacuum_cpu_seconds_per_1000_jobs"),
