@@ -315,7 +315,9 @@ def timed_drain(
     vacuum_after = server.read()
     return dataclasses.replace(
         drain,
-        server_cpu_seconds=after.cpu_seconds - before.cpu_seconds - watched,
+        # The watcher's backend is one of the server's children, so this is never
+        # less than zero but for the float subtraction of equal clock ticks.
+        server_cpu_seconds=max(0.0, after.cpu_seconds - before.cpu_seconds - watched),
         watch_cpu_seconds=watched,
         wal_bytes=after.wal_lsn - before.wal_lsn,
         commits=commits,
