@@ -269,16 +269,14 @@ def _statement(
     payloads = [_checked(job, settings) for job in jobs]
     handlers = registered()
     priorities = [_priority(job, handlers) for job in jobs]
+    # Without a key no row can conflict: a plain INSERT, no ON CONFLICT.
+    keyed = any(job.key is not None for job in jobs)
     if len(jobs) == 1:
         # One job: a single-row INSERT, a third of the batch statement's time.
         one = _one_params(jobs[0], payloads[0], priorities[0], settings, now)
-        keyed = jobs[0].key is not None
         return sql.query("enqueue_job" if keyed else "enqueue_job_without_key"), one
     params = _batch_params(jobs, payloads, priorities, settings, now)
-    if all(key is None for key in params["keys"]):
-        del params["keys"]
-        return sql.query("enqueue_jobs_without_keys"), params
-    return sql.query("enqueue_jobs"), params
+    return sql.query("enqueue_jobs" if keyed else "enqueue_jobs_without_keys"), params
 
 
 def _ids(rows: list[dict[str, Any]]) -> list[int | None]:
