@@ -101,3 +101,38 @@ def test_the_documented_trigger_enqueues_a_job_per_committed_row(db_url: str) ->
         ("email.welcome", {"user_id": 1, "email": "a@example.com"}, "welcome:1", 3),
         ("email.welcome", {"user_id": 3, "email": "c@example.com"}, "welcome:3", 3),
     ]
+
+
+def _confirmed_insertions(conn: psycopg.Connection[Any], enqueue: Any) -> int:
+    """The speculative insertions into rota.job that `enqueue` wrote, read in the WAL:
+    an insert under ON CONFLICT writes its row, then a second record confirming it."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    except psycopg.Error as exc:  # a server without the contrib module, or no right to it
+        pytest.skip(f"pg_walinspect: {exc}")
+    conn.execute("SET synchronous_commit = on")  # each commit flushes what it wrote
+    start = conn.execute("SELECT pg_current_wal_insert_lsn() AS lsn").fetchone()["lsn"]
+    enqueue()
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE record_type = 'HEAP_CONFIRM') AS confirms,"
+        " count(*) FILTER (WHERE record_type LIKE 'INSERT%%') AS inserts"
+        " FROM pg_get_wal_block_info(%s, pg_current_wal_flush_lsn())"
+        " WHERE reldatabase = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        "   AND relfilenode = pg_relation_filenode('rota.job')",
+        (start,),
+    ).fetchone()
+    assert row["inserts"] >= 1  # the job was written, and read back here
+    return int(row["confirms"])
+
+
+def test_a_job_without_a_key_is_inserted_without_arbitration_at_every_door(conn) -> None:
+    # No row can conflict with a job that has no key, so no door inserts it
+    # speculatively (the confirming record is 48 bytes of WAL a job); a key
+    # still goes through ON CONFLICT, which must hold it against a rival.
+    assert _confirmed_insertions(conn, lambda: conn.execute("SELECT rota.enqueue('t')")) == 0
+    assert _confirmed_insertions(conn, lambda: rota.enqueue(conn, "t")) == 0
+    batch = [rota.NewJob("t"), rota.NewJob("t", group="g")]
+    assert _confirmed_insertions(conn, lambda: rota.enqueue_many(conn, batch)) == 0
+    keyed = "SELECT rota.enqueue('t', key => 'k-1')"
+    assert _confirmed_insertions(conn, lambda: conn.execute(keyed)) == 1
+    assert _confirmed_insertions(conn, lambda: rota.enqueue(conn, "t", key="k-2")) == 1
