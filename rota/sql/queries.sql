@@ -264,23 +264,10 @@ SELECT type FROM rota.job_limit
 -- name: limited_floor
 -- The first due ready job without a group of each priority of each limited
 -- type (none where there is none), for rota.floor.Floor: the walk of
--- rota.pick_limited's jobs without a group, from the first entry.
-SELECT l.type, p.priority, f.run_at
-FROM rota.job_limit AS l
-CROSS JOIN generate_series(0, 9) AS p(priority)
-CROSS JOIN LATERAL (
-    SELECT j.run_at
-    FROM rota.job AS j
-    WHERE j.status = 'ready'
-      AND j.type = l.type
-      AND j.group_key IS NULL
-      AND j.priority = p.priority
-      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
-    ORDER BY j.group_key, j.run_at, j.id  -- job_group_ready_idx's order
-    LIMIT 1
-) AS f
-WHERE (%(types)s::text[] IS NULL OR l.type = ANY(%(types)s::text[]))
-  AND NOT EXISTS (SELECT FROM rota.paused_type AS t WHERE t.type IN (l.type, '*'))
+-- rota.pick_limited's jobs without a group, from the first entry. A function
+-- (migration 0035), so that it is planned with sorting off.
+SELECT type, priority, run_at
+FROM rota.limited_floor(coalesce(%(now)s::timestamptz, now()), %(types)s::text[])
 
 -- name: extend_leases
 -- Heartbeat: extend the leases this worker still holds; a missing id in the
