@@ -342,3 +342,20 @@ def test_a_workerpool_needs_the_operator(helm: Path) -> None:
         "--set", "worker.enabled=true",
     )  # fmt: skip
     assert done.returncode != 0 and "worker.pool.enabled needs operator.enabled" in done.stderr
+
+
+def test_the_default_images_are_the_release_the_chart_ships_with(render: Render) -> None:
+    # Without an image tag the chart runs its appVersion: the images `make
+    # images` builds from the same checkout, tagged with the package's version.
+    version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["version"], chart["appVersion"]) == (version[1], version[1])
+    objects = render(sets=["worker.enabled=true"])
+    images = {
+        c["image"]
+        for o in objects
+        if o["kind"] in ("Deployment", "Job")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {f"rota-operator:{version[1]}", f"rota-worker:{version[1]}"}, images
