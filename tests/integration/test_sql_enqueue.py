@@ -110,6 +110,13 @@ def _confirmed_insertions(conn: psycopg.Connection[Any], enqueue: Any) -> int:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
     except psycopg.Error as exc:  # a server without the contrib module, or no right to it
         pytest.skip(f"pg_walinspect: {exc}")
+    readable = conn.execute(
+        "SELECT CASE WHEN to_regprocedure('pg_get_wal_block_info(pg_lsn, pg_lsn, boolean)')"
+        " IS NULL THEN false ELSE has_function_privilege("
+        "'pg_get_wal_block_info(pg_lsn, pg_lsn, boolean)', 'EXECUTE') END AS ok"
+    ).fetchone()["ok"]
+    if not readable:  # PostgreSQL before 16, or a role without pg_read_server_files
+        pytest.skip("pg_get_wal_block_info is not there to read the WAL with")
     conn.execute("SET synchronous_commit = on")  # each commit flushes what it wrote
     start = conn.execute("SELECT pg_current_wal_insert_lsn() AS lsn").fetchone()["lsn"]
     enqueue()

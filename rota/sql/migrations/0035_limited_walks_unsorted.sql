@@ -17,7 +17,8 @@
 -- where one exists. Every plan made inside rota.pick_limited is made under it
 -- (the functions it calls, rota.pick_in_turn and rota.ready_of_group, plan
 -- their statements there); what must sort still sorts, and an aggregate
--- hashes.
+-- hashes. A later CREATE OR REPLACE of the function drops the setting unless
+-- it says SET enable_sort = off again (the tests above fail without it).
 ALTER FUNCTION rota.pick_limited(timestamptz, text[], integer, jsonb) SET enable_sort = off;
 
 -- The first due ready job without a group of each priority of each limited
