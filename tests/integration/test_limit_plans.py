@@ -118,10 +118,10 @@ LONG_TYPE = "billing.invoices.send_overdue_payment_reminder_email"
 
 @pytest.fixture(scope="module")
 def backlog_after_statistics(pg_server: Any, template_db: str) -> Iterator[str]:
-    """Jobs without a group, ready after the statistics were taken: those saw a
-    table of finished jobs (the history Rota keeps), with nothing ready. The
-    type's name is long, as names with a domain and a verb are: the group
-    index's entries are wider than the claim index's."""
+    """Jobs without a group of a limited type, ready after the statistics were
+    taken: those saw a table of finished jobs (the history Rota keeps), with
+    nothing ready. The type's name is long, as names with a domain and a verb
+    are: the group index's entries are wider than the claim index's."""
     name = "rota_limit_plans_stale"
     url = pg_server.create(name, template=template_db)
     with psycopg.connect(url, autocommit=True) as c:
@@ -139,6 +139,7 @@ def backlog_after_statistics(pg_server: Any, template_db: str) -> Iterator[str]:
             " SELECT %s, now() - interval '1 hour' FROM generate_series(1, 20000)",
             (LONG_TYPE,),
         )
+        rota.set_limit(c, LONG_TYPE, concurrency=50_000)  # one that never binds here
     yield url
     pg_server.drop(name)
 
@@ -149,8 +150,6 @@ def test_a_claim_walks_jobs_without_a_group_in_order_whatever_the_statistics(
     # Planned from statistics that saw nothing ready, the walk of the jobs
     # without a group took the claim index and sorted every ready job of the
     # priority for each claim: 179,400 index rows for these three.
-    with psycopg.connect(backlog_after_statistics, autocommit=True) as setup:
-        rota.set_limit(setup, LONG_TYPE, concurrency=50_000)
     with psycopg.connect(backlog_after_statistics) as conn:
         try:
             # As the worker's steady claim plans (rota.claim._STEADY).
@@ -169,8 +168,6 @@ def test_the_floor_probe_finds_the_first_job_without_a_group_in_order(
 ) -> None:
     # The worker's floor probe asks the same walk for its first job: sorted,
     # it read every ready job of the type once a second.
-    with psycopg.connect(backlog_after_statistics, autocommit=True) as setup:
-        rota.set_limit(setup, LONG_TYPE, concurrency=50_000)
     with psycopg.connect(backlog_after_statistics) as conn:
         try:
             before = _reads_of(conn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def test_the_documented_trigger_enqueues_a_job_per_committed_row(db_url: str) ->
     ]
 
 
-def _confirmed_insertions(conn: psycopg.Connection[Any], enqueue: Any) -> int:
+def _confirmed_insertions(conn: psycopg.Connection[Any], enqueue: Callable[[], object]) -> int:
     """The speculative insertions into rota.job that `enqueue` wrote, read in the WAL:
     an insert under ON CONFLICT writes its row, then a second record confirming it."""
     try:
