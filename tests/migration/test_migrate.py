@@ -9,7 +9,9 @@ import sys
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
+import rota
 from rota import claim as claims
 from rota import sql
 from rota.errors import MigrationError
@@ -93,3 +95,29 @@ def test_claiming_uses_the_ready_index_among_many_done_rows(conn: psycopg.Connec
     # job_claim_idx replaced job_ready_idx in migration 0004 (priorities).
     assert "job_claim_idx" in text or "job_ready_type_idx" in text, text
     assert not re.search(r"Seq Scan on job\b", text), text  # job_limit is a small table
+
+
+def test_windows_past_ten_years_become_ten_years_and_claims_go_on(empty_db_url: str) -> None:
+    # Migration 0036 puts a CHECK on a rate's window; rows written before it with
+    # a window no claim could count (every claim failed on them) take the
+    # longest window there is, the one that lets the fewest jobs start.
+    with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(sql.query("migrate_bootstrap"))
+        for number, name, text in sql.migrations():
+            if number < 36:
+                conn.execute(text.encode())
+                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        conn.execute(
+            "INSERT INTO rota.job_limit (type, rate, per_seconds)"
+            " VALUES ('inf', 1, 'Infinity'), ('nan', 1, 'NaN'), ('ok', 1, 60)"
+        )
+        assert migrate(conn) == [36]
+        windows = conn.execute("SELECT type, per_seconds FROM rota.job_limit ORDER BY type")
+        assert windows.fetchall() == [
+            {"type": "inf", "per_seconds": 315360000.0},
+            {"type": "nan", "per_seconds": 315360000.0},
+            {"type": "ok", "per_seconds": 60.0},
+        ]
+        for job_type in ("inf", "inf", "nan", "plain"):
+            rota.enqueue(conn, job_type, {})
+        assert sorted(j.type for j in claims.claim(conn, "w", 10, 60)) == ["inf", "nan", "plain"]

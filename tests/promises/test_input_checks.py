@@ -204,6 +204,46 @@ def test_limits_pauses_and_schedules_keep_the_same_rules(
     _refusal(conn, statement)
 
 
+@pytest.mark.parametrize("per", ["'Infinity'", "'NaN'", "1e300", "315360001"])
+def test_a_rate_s_window_is_kept_within_ten_years_at_every_door(
+    conn: psycopg.Connection[Any], per: str
+) -> None:
+    # A window the claim cannot subtract from a time (infinity, NaN, 1e300) made
+    # every claim of every type fail with "interval out of range"; the Python
+    # API refused these values, a plain INSERT or UPDATE took them.
+    reason = "per must be more than 0 and at most 315360000 seconds"
+    assert reason in _refusal(
+        conn, f"INSERT INTO rota.job_limit (type, rate, per_seconds) VALUES ('t', 5, {per})"
+    )
+    rota.set_limit(conn, "t", rate=5, per=60)
+    assert reason in _refusal(conn, f"UPDATE rota.job_limit SET per_seconds = {per}")
+    assert conn.execute("SELECT per_seconds FROM rota.job_limit").fetchone() == {
+        "per_seconds": 60.0
+    }
+    with pytest.raises(InvalidInput):
+        rota.set_limit(conn, "t", rate=5, per=float(per.strip("'")))
+
+
+@pytest.mark.parametrize(
+    ("key", "payload", "reason"),
+    [
+        ("''", "NULL", "event key must be a non-empty string"),
+        ("E' \\t'", "NULL", "event key must be a non-empty string"),
+        ("repeat('k', 1025)", "NULL", "event key is 1025 bytes long, over the limit of 1024"),
+        ("'k'", DEEP, "payload is nested more than 100 levels deep"),
+        ("'k'", BIG, "payload is 262153 bytes, over the limit of 262144 bytes"),
+    ],
+)
+def test_an_event_keeps_the_rules_of_a_key_and_a_payload_at_every_door(
+    conn: psycopg.Connection[Any], key: str, payload: str, reason: str
+) -> None:
+    # rota.emit() in SQL and a plain INSERT refuse what Python's rota.emit refuses.
+    assert reason in _refusal(conn, f"SELECT rota.emit({key}, {payload})")
+    insert = "INSERT INTO rota.job_event (key, payload, emitted_at) VALUES ({}, {}, now())"
+    assert reason in _refusal(conn, insert.format(key, payload))
+    assert conn.execute("SELECT count(*) AS n FROM rota.job_event").fetchone() == {"n": 0}
+
+
 def test_the_guards_in_when_clauses_call_only_built_in_functions(
     conn: psycopg.Connection[Any],
 ) -> None:

@@ -22,7 +22,7 @@ import pytest
 import rota
 from rota.archive import Archiver, ArchiveSettings
 from rota.attempt import Attempt
-from rota.claim import write_outcomes
+from rota.claim import claim, write_outcomes
 from rota.cli import main
 from rota.jobs import Outcome, Status
 from rota.reaper import Reaper
@@ -167,6 +167,47 @@ def test_leases_and_retries_of_rows_past_the_limits_are_written(
     (blank,) = conn.execute("SELECT id FROM rota.job WHERE type = ' '").fetchall()
     retry = Attempt(blank["id"], 1, Outcome.RETRY, delay=5.0, error="boom")
     assert write_outcomes(conn, "w", [retry]) == {(blank["id"], 1): Status.READY}
+
+
+def test_an_expired_lease_and_a_retry_pass_over_errors_of_another_shape(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # `errors` is a column a plain INSERT or UPDATE may fill with any JSON. An
+    # object or a number there failed the reaper's every batch ("cannot get array
+    # length of a non-array"), and the expired leases of every job with it.
+    ordinary = rota.enqueue(conn, "ordinary", {"n": 1})
+    odd = [rota.enqueue(conn, "odd", {"n": n}) for n in range(3)]
+    conn.execute(
+        "UPDATE rota.job SET status = 'running', locked_by = 'w', attempts = 1,"
+        " locked_until = now() - interval '1 hour'"
+    )
+    for job_id, errors in zip(odd, ['{"x": 1}', "5", '"text"'], strict=True):
+        conn.execute("UPDATE rota.job SET errors = %s WHERE id = %s", (errors, job_id))
+    assert Reaper().run_once(db_url).count == 4
+    rows = conn.execute("SELECT status, errors FROM rota.job ORDER BY id").fetchall()
+    assert [r["status"] for r in rows] == ["ready"] * 4
+    assert [len(r["errors"]) for r in rows] == [1] * 4  # the lease's expiry, kept alone
+    conn.execute("UPDATE rota.job SET status = 'running', attempts = 2, locked_by = 'w'")
+    conn.execute("UPDATE rota.job SET errors = '{\"x\": 1}' WHERE id = %s", (ordinary,))
+    retry = Attempt(ordinary, 2, Outcome.RETRY, delay=5.0, error="boom")
+    assert write_outcomes(conn, "w", [retry]) == {(ordinary, 2): Status.READY}
+
+
+def test_no_writer_leaves_a_rate_window_the_claims_cannot_count(
+    conn: psycopg.Connection[Any],
+) -> None:
+    # A window no time can be moved back by made every claim fail, of every type
+    # ("interval out of range"). A CHECK keeps it out even with triggers off.
+    rota.set_limit(conn, "limited", rate=2, per=60)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "SET session_replication_role = replica;"
+            " UPDATE rota.job_limit SET per_seconds = 'Infinity';"
+        )
+    conn.execute("RESET session_replication_role")
+    ids = [rota.enqueue(conn, t, {}) for t in ("limited", "limited", "limited", "other")]
+    claimed = claim(conn, "w", 10, 60)
+    assert sorted(j.id for j in claimed) == sorted([ids[0], ids[1], ids[3]])
 
 
 def test_every_console_page_answers(poisoned: dict[str, Any], db_url: str) -> None:
