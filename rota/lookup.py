@@ -5,7 +5,6 @@ Read-only; every query walks an index, never the whole table.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.errors import InvalidInput, JobNotFound
 from rota.jobs import Job, Status
+from rota.reading import json_of
 
 
 def status_named(name: str) -> Status:
@@ -84,6 +84,6 @@ def outcome(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
         raise JobNotFound(f"no job with id {job_id}")
     row = rows[0]
     for name in ("payload", "result", "errors"):
-        row[name] = None if row[name] is None else json.loads(row[name])
+        row[name] = None if row[name] is None else json_of(row[name])
     row["status"] = Status(row["status"])
     return row

@@ -17,6 +17,7 @@ Never used to write: these classes are only what a reader shows.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -61,6 +62,11 @@ class RawInstant(datetime):
     def __reduce__(self) -> Any:
         return (RawInstant, (self.raw, self.year > 1))
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # datetime's own would win over __reduce__ (copy, deepcopy, pickle) and
+        # rebuild this one from datetime's state: bytes where its text goes.
+        return self.__reduce__()
+
 
 class RawSpan(timedelta):
     """A span PostgreSQL holds that `timedelta` cannot: the longest (or most
@@ -83,12 +89,28 @@ class RawSpan(timedelta):
     def total_seconds(self) -> float:
         return float("inf") if self > timedelta(0) else float("-inf")
 
+    def __reduce__(self) -> Any:
+        return (RawSpan, (self.raw, self > timedelta(0)))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__reduce__()
+
 
 class RawJson(str):
     """A JSON value Python cannot read back (nested past its recursion limit): the
     text PostgreSQL printed."""
 
     __slots__ = ()
+
+
+def json_of(text: str) -> Any:
+    """A JSON value from PostgreSQL's text of it; `RawJson` (the text) where
+    Python cannot read it back (nested past its recursion, an integer of more
+    digits than `int` converts)."""
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError):
+        return RawJson(text)
 
 
 def _text(data: Buffer) -> str:

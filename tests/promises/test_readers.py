@@ -106,6 +106,42 @@ def test_the_cli_lists_shows_and_counts_every_row(
     json.loads(_cli(monkeypatch, capsys, db_url, "status", "--json"))
 
 
+def test_rota_result_reads_every_row(
+    poisoned: dict[str, Any], conn: psycopg.Connection[Any]
+) -> None:
+    # rota.result read payload, result and errors with json.loads: JSON nested
+    # past Python's recursion, or an integer of 5,000 digits, raised.
+    huge = rota.enqueue(conn, "ordinary", {"n": 3})
+    conn.execute(
+        "UPDATE rota.job SET result = ('[' || repeat('9', 5000) || ']')::jsonb WHERE id = %s",
+        (huge,),
+    )
+    for job_id in [v for k, v in poisoned.items() if k != "ordinary"]:
+        rota.result(conn, job_id)
+    status, result = rota.result(conn, poisoned["bad.shapes"])
+    assert status is Status.DONE and result.startswith("[[[[[[[[")  # its text as stored
+    assert rota.result(conn, huge)[1] == "[" + "9" * 5000 + "]"
+
+
+def test_a_durable_job_s_trail_shows_times_past_python_s_range(
+    conn: psycopg.Connection[Any],
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `rota jobs show --json` copies the trail (dataclasses.asdict): a copy of
+    # a time read as its raw text came back with bytes for its text, and the
+    # JSON writer failed on it.
+    job_id = rota.enqueue(conn, "durable", {})
+    conn.execute(
+        "INSERT INTO rota.job_step (job_id, name, result, attempt, started_at, finished_at)"
+        " VALUES (%s, 's', NULL, 1, 'infinity', now())",
+        (job_id,),
+    )
+    shown = json.loads(_cli(monkeypatch, capsys, db_url, "jobs", "show", str(job_id), "--json"))
+    assert "infinity" in json.dumps(shown)
+
+
 def test_the_maintenance_loops_pass_over_the_bad_rows_alone(
     poisoned: dict[str, Any], conn: psycopg.Connection[Any], db_url: str
 ) -> None:
