@@ -141,13 +141,13 @@ def _why_left(row: dict[str, Any]) -> str:
     return "left as it was"
 
 
-def _batches(conn: Conn, query: str, params: dict[str, Any]) -> list[int]:
+def _batches(conn: Conn, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Run a capped batch statement until one changes fewer than BATCH_SIZE rows
-    (every row it matches changes and leaves what it matches); the ids changed."""
-    changed: list[int] = []
+    (every row it matches changes and leaves what it matches); the rows changed."""
+    changed: list[dict[str, Any]] = []
     while True:
         rows = fetch_all(conn, sql.query(query), {**params, "limit": BATCH_SIZE})
-        changed += [r["id"] for r in rows]
+        changed += rows
         if len(rows) < BATCH_SIZE:
             return changed
 
@@ -183,13 +183,14 @@ def cancel_matching(
     status: Status | None = None,
     now: datetime | None = None,
 ) -> CancelResult:
-    """Cancel every ready, waiting and running job of `job_type` (or only those of `status`)."""
+    """Cancel every ready, waiting and running job of `job_type` (or only those of
+    `status`), and the children of each (durable jobs), as `cancel` does."""
     limits.name(job_type, "job type")
     if status is not None and status not in (Status.READY, Status.RUNNING, Status.WAITING):
         raise InvalidInput(f"only ready, running or waiting jobs can be cancelled, not {status}")
     params = {"type": job_type, "now": now}
-    ended: list[int] = []
-    requested: list[int] = []
+    ended: list[dict[str, Any]] = []
+    requested: list[dict[str, Any]] = []
     with connection(conn_or_dsn) as conn:
         if status in (None, Status.READY):
             ended = _batches(conn, "cancel_ready_of_type", params)
@@ -199,15 +200,21 @@ def cancel_matching(
             after = 0
             while True:
                 query = sql.query("cancel_running_of_type")
-                batch = [
-                    r["id"]
-                    for r in fetch_all(conn, query, {**params, "after": after, "limit": BATCH_SIZE})
-                ]
+                batch = fetch_all(conn, query, {**params, "after": after, "limit": BATCH_SIZE})
                 requested += batch
                 if len(batch) < BATCH_SIZE:
                     break
-                after = max(batch)
-    return CancelResult(ended=sorted(ended), requested=sorted(requested))
+                after = max(r["id"] for r in batch)
+        stopped = {r["id"] for r in ended}
+        asked = {r["id"] for r in requested}
+        # The children of those that have any, and theirs, as a cancel by id
+        # takes them along.
+        parents = [r["id"] for r in ended + requested if r["parent"]]
+        for start in range(0, len(parents), BATCH_SIZE):
+            family = _cancel(conn, parents[start : start + BATCH_SIZE], now)
+            stopped.update(family.ended)
+            asked.update(family.requested)
+    return CancelResult(ended=sorted(stopped), requested=sorted(asked))
 
 
 def _cancel(conn: Conn, ids: list[int], now: datetime | None) -> CancelResult:

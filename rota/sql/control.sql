@@ -114,9 +114,11 @@ ORDER BY id
 
 -- name: cancel_ready_of_type
 -- `jobs cancel --type`: one capped batch of the type's ready jobs, through
--- job_ready_type_idx. The rows are locked, not skipped: a job a worker is
--- claiming right now is seen as the claim left it (running, for the next
--- step). Claims never wait for a lock, so this order cannot deadlock with them.
+-- job_ready_type_idx, each with whether it has children (durable jobs: they
+-- are cancelled with it, by cancel_jobs). The rows are locked, not skipped: a
+-- job a worker is claiming right now is seen as the claim left it (running,
+-- for the next step). Claims never wait for a lock, so this order cannot
+-- deadlock with them.
 WITH target AS (
     SELECT id FROM rota.job
     WHERE status = 'ready' AND type = %(type)s::text
@@ -130,12 +132,14 @@ SET status = 'cancelled',
     finished_at = coalesce(%(now)s::timestamptz, now()),
     last_error = coalesce(j.last_error, 'Cancelled: before it started')
 WHERE j.id = ANY(ARRAY(SELECT id FROM target))
-RETURNING j.id
+RETURNING j.id,
+          EXISTS (SELECT FROM rota.job AS c WHERE c.parent_id = j.id) AS parent
 
 -- name: cancel_running_of_type
 -- The type's running jobs after id %(after)s asked to stop, a capped batch in
 -- id order (the order of every statement that waits for running rows' locks),
--- among the running rows only (job_running_idx).
+-- among the running rows only (job_running_idx), each with whether it has
+-- children (as cancel_ready_of_type).
 WITH target AS (
     SELECT id FROM rota.job
     WHERE status = 'running' AND type = %(type)s::text AND id > %(after)s
@@ -146,7 +150,8 @@ WITH target AS (
 UPDATE rota.job AS j
 SET cancel_requested_at = coalesce(j.cancel_requested_at, coalesce(%(now)s::timestamptz, now()))
 WHERE j.id = ANY(ARRAY(SELECT id FROM target))
-RETURNING j.id
+RETURNING j.id,
+          EXISTS (SELECT FROM rota.job AS c WHERE c.parent_id = j.id) AS parent
 
 -- name: pause_types
 INSERT INTO rota.paused_type (type, paused_at)

@@ -156,7 +156,8 @@ SELECT count(*) AS moved FROM deleted
 
 -- name: cancel_waiting_of_type
 -- `jobs cancel --type`: one capped batch of the type's waiting jobs, through
--- job_waiting_idx (the waiting rows only), ended cancelled as ready ones are.
+-- job_waiting_idx (the waiting rows only), ended cancelled as ready ones are,
+-- each with whether it has children (as cancel_ready_of_type).
 WITH target AS (
     SELECT id FROM rota.job
     WHERE status = 'waiting' AND type = %(type)s::text
@@ -170,4 +171,5 @@ SET status = 'cancelled',
     finished_at = coalesce(%(now)s::timestamptz, now()),
     last_error = coalesce(j.last_error, 'Cancelled: while it waited')
 WHERE j.id = ANY(ARRAY(SELECT id FROM target))
-RETURNING j.id
+RETURNING j.id,
+          EXISTS (SELECT FROM rota.job AS c WHERE c.parent_id = j.id) AS parent

@@ -121,6 +121,9 @@ def test_cancel_by_type_ends_the_waiting_jobs_of_the_type(conn, db_url) -> None:
     job_id = rota.enqueue(conn, "ships")
     with running(db_url, HANDLERS, concurrency=1):
         until_status(conn, job_id, "waiting")
+    children = [
+        r["id"] for r in conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (job_id,))
+    ]
     result = control.cancel_matching(conn, "ships", Status.WAITING)
-    assert result.ended == [job_id]
+    assert children and result.ended == sorted([job_id, *children])  # with its children
     assert until_status(conn, job_id, "cancelled")["last_error"] == "Cancelled: while it waited"
