@@ -74,6 +74,21 @@ def _rota_error(c: Console) -> Callable[[Request, Exception], Response]:
     return handle
 
 
+def _server_error(c: Console) -> Callable[[Request, Exception], Response]:
+    """500 for a bug: no word of the exception (the server's log has it), and the
+    security headers on the answer itself, since Starlette sends it from outside
+    every middleware."""
+    broken = _error_handler(c, 500)
+
+    def handle(request: Request, exc: Exception) -> Response:
+        response = broken(request, RotaError("internal error: the console's log says more"))
+        for key, value in SECURITY_HEADERS:
+            response.headers[key.decode()] = value.decode()
+        return response
+
+    return handle
+
+
 def _http_error(c: Console) -> Callable[[Request, Exception], Response]:
     def handle(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -144,6 +159,7 @@ def create_app(settings: WebSettings) -> Starlette:
             PoolTimeout: _error_handler(c, 503),
             RotaError: _rota_error(c),
             psycopg.errors.UndefinedTable: _rota_error(c),
+            Exception: _server_error(c),
         },
     )
     app.add_middleware(SecurityHeaders)

@@ -17,11 +17,12 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Collection, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
@@ -38,6 +39,7 @@ from rota import limits, sql, workers
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput
 from rota.jobs import Status
+from rota.reading import RawInstant
 from rota.status import format_age
 from rota.web import actions, auth, filters, reads
 from rota.web.auth import Identity
@@ -45,6 +47,10 @@ from rota.web.auth import Identity
 log = logging.getLogger("rota.web")
 
 JOBS_PARAMS = {*filters.FIELDS, "before", "limit"}
+MAX_NEXT = 16 * 1024
+"""Longest `next` an action's form may carry: the request head uvicorn's HTTP/1.1
+parser (h11) takes, so any page the console served, whatever its filter, is one
+to return to."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,7 @@ class Console:
         self.templates.filters["iso"] = lambda v: v.isoformat() if v else ""
         self.templates.filters["in_zone"] = in_zone
         self.templates.filters["json"] = as_json
+        self.templates.filters["segment"] = path_segment
         self.templates.globals["statuses"] = [s.value for s in Status]
         self._stop = threading.Event()
 
@@ -181,8 +188,11 @@ class Console:
                 raise HTTPException(303, headers={"Location": target}) from exc
             raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
 
-    async def actor(self, request: Request) -> tuple[Identity, FormData]:
-        """The identity of a POST allowed to act, and its form; 401/403 otherwise."""
+    async def actor(
+        self, request: Request, fields: Collection[str] = (), repeated: Collection[str] = ()
+    ) -> tuple[Identity, FormData]:
+        """The identity of a POST allowed to act, and its form; 401/403 otherwise,
+        and 400 (`check_form`) for a form other than the `fields` the route reads."""
         try:
             who = await run_in_threadpool(self.identify, request)
         except auth.Unauthenticated as exc:
@@ -198,12 +208,14 @@ class Console:
         given = form.get("csrf")
         if not auth.csrf_ok(who, given if isinstance(given, str) else None):
             raise HTTPException(403, "the form's CSRF value is missing or wrong: reload the page")
+        check_form(request, form, {*fields, "csrf", "next"}, repeated)
+        next_of(form)
         return who, form
 
     def acted(self, request: Request, form: FormData, done: actions.Done) -> Response:
         if "application/json" in request.headers.get("accept", ""):
             return JSONResponse(dataclasses.asdict(done))
-        response = RedirectResponse(safe_next(form_field(form, "next")) or "/", status_code=303)
+        response = RedirectResponse(next_of(form), status_code=303)
         flash = auth.flash_cookie(self.settings.auth, done.message)
         self.set_cookie(request, response, auth.FLASH_COOKIE, flash, auth.FLASH_SECONDS)
         return response
@@ -228,6 +240,18 @@ def name_field(form: Mapping[str, Any], field: str = "type", what: str = "job ty
     return limits.name(value.strip(), what)
 
 
+def next_of(form: Mapping[str, Any]) -> str:
+    """Where a browser goes after an action: the form's `next` when it is a path of
+    this console, else the overview; `InvalidInput` (before the action acts) when
+    it is longer than any page address the console can have served."""
+    value = form.get("next")
+    if not isinstance(value, str):
+        return "/"
+    if len(value) > MAX_NEXT:
+        raise InvalidInput(f"next is longer than {MAX_NEXT} characters")
+    return safe_next(value.strip()) or "/"
+
+
 def safe_next(target: str | None) -> str | None:
     """Only a path of this console (never another site) is a place to return to."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
@@ -246,6 +270,8 @@ def ago(value: datetime | None, now: datetime | None = None) -> str:
     """A time relative to now, as people say it: "3 min ago", "in 2 h", "just now"."""
     if value is None:
         return "-"
+    if isinstance(value, RawInstant):
+        return str(value)  # PostgreSQL's text: a time datetime cannot hold
     seconds = ((now or datetime.now(UTC)) - value).total_seconds()
     size = abs(seconds)
     if size < 10:
@@ -261,11 +287,21 @@ def in_zone(value: datetime | None, zone_name: str) -> str:
     """An instant in a named zone, with the zone's abbreviation: 2030-03-14 02:30 CET."""
     if value is None:
         return "-"
+    if isinstance(value, RawInstant):
+        return str(value)
     try:
         local = value.astimezone(ZoneInfo(zone_name))
     except (ValueError, KeyError, ZoneInfoNotFoundError):
         local = value.astimezone(UTC)
     return local.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def path_segment(name: str) -> str:
+    """A name as one segment of a URL path, that the route's `{name:path}` decodes
+    back: every `/` percent-encoded (`a/b/../c` is `a%2Fb%2F..%2Fc`, never resolved
+    by a client to `a/c`), and the dots of a name that is only dots (`.`, `..`)."""
+    quoted = quote(name, safe="")
+    return quoted if quoted.strip(".") else quoted.replace(".", "%2E")
 
 
 def as_json(value: Any, indent: int | None = None) -> str:
@@ -286,7 +322,27 @@ def job_id_of(request: Request) -> int:
 
 def check_params(request: Request, allowed: set[str]) -> None:
     unknown = sorted(set(request.query_params) - allowed)
+    if unknown and not allowed:
+        raise InvalidInput(f"this page takes no parameters, not {unknown[0]!r}")
     if unknown:
         raise InvalidInput(
             f"unknown parameter {unknown[0]!r} (known: {', '.join(sorted(allowed))})"
         )
+
+
+def check_form(
+    request: Request, form: FormData, allowed: set[str], repeated: Collection[str]
+) -> None:
+    """An action reads its form and nothing else: a query string, a field it does
+    not read (a typo) or one given twice is refused rather than left out, so that
+    no mistyped filter widens an action to every job."""
+    if request.query_params:
+        first = next(iter(request.query_params))
+        raise InvalidInput(f"an action takes no query string, not {first!r}: send it in the form")
+    counts = Counter(name for name, _ in form.multi_items())
+    unknown = sorted(set(counts) - allowed)
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
+    twice = sorted(name for name, n in counts.items() if n > 1 and name not in repeated)
+    if twice:
+        raise InvalidInput(f"field {twice[0]!r} is given twice")

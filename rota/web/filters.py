@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -215,12 +216,35 @@ def parse_filter(params: Mapping[str, str]) -> JobFilter:
     )
 
 
+WHOLE = re.compile(r"-?[0-9]+")
+NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def whole_number(text: str) -> int:
+    """A whole number in ASCII digits, as `int` reads it but for what else `int`
+    takes: another script's digits (Arabic-Indic, full-width), `_` between digits,
+    a plus sign.
+    ValueError otherwise."""
+    if not WHOLE.fullmatch(text):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def decimal_number(text: str) -> float:
+    """A number of ASCII digits with an optional point and exponent (`1.5`, `2e3`),
+    as `float` reads it; ValueError for what else `float` takes (`nan`, `1_0`, a
+    full-width digit)."""
+    if not NUMBER.fullmatch(text):
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)
+
+
 def parse_id(text: str | None, name: str = "id") -> int | None:
     """A job id (or cursor): a whole number from 1 to 2**63-1."""
     if text is None or not text.strip():
         return None
     try:
-        value = int(text.strip())
+        value = whole_number(text.strip())
     except ValueError:
         raise InvalidInput(f"{name} is not a whole number: {text[:40]!r}") from None
     if not 1 <= value <= MAX_ID:
@@ -232,7 +256,7 @@ def parse_page_size(text: str | None) -> int:
     if text is None or not text.strip():
         return DEFAULT_PAGE_SIZE
     try:
-        value = int(text)
+        value = whole_number(text.strip())
     except ValueError:
         raise InvalidInput(f"limit is not a whole number: {text[:40]!r}") from None
     if value not in PAGE_SIZES:
@@ -241,8 +265,10 @@ def parse_page_size(text: str | None) -> int:
 
 
 def parse_priority(text: str | None) -> int:
+    if text is None or not text.strip():
+        raise InvalidInput("give the new priority: a whole number from 0 to 9")
     try:
-        value = int((text or "").strip())
+        value = whole_number(text.strip())
     except ValueError:
         raise InvalidInput(f"priority must be a whole number from 0 to 9, not {text!r}") from None
     return limits.priority(value)

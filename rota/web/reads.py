@@ -7,14 +7,16 @@ checks the plans over a million jobs). Nothing here writes.
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from rota import archive, cron, durable, schedule_store, sql, workers
+from rota import archive, cron, durable, limits, schedule_store, sql, workers
 from rota.db import Conn, fetch_all
 from rota.errors import InvalidInput, JobNotFound
 from rota.jobs import Job, Status
+from rota.reading import RawInstant
 from rota.web.filters import SCAN_ROWS, JobFilter
 
 
@@ -84,7 +86,10 @@ def job_detail(conn: Conn, job_id: int) -> JobDetail:
     if job.schedule_id is not None:
         found = fetch_all(conn, sql.query("web_schedule_by_id"), {"id": job.schedule_id})
         schedule = found[0] if found else None
-    errors = [_attempt_error(e) for e in row.get("errors") or [] if isinstance(e, dict)]
+    entries = row.get("errors")
+    if entries is not None and not isinstance(entries, list):  # written around the checks
+        entries = [_json_text(entries)]
+    errors = [_attempt_error(e) for e in entries or []]
     return JobDetail(
         job, archived, effects, schedule, errors if "errors" in row else None,
         row.get("result"), "result" in row,
@@ -97,13 +102,25 @@ def job_trail(conn: Conn, job_id: int) -> durable.Trail:
     return durable.trail(conn, job_id)
 
 
-def _attempt_error(entry: dict[str, Any]) -> dict[str, Any]:
-    """One of `rota.job.errors`, its time read as an instant (None when unreadable)."""
+def _attempt_error(entry: Any) -> dict[str, Any]:
+    """One of `rota.job.errors`, its time read as an instant. What another shape
+    holds (a time without an offset or outside 1970-9999, a number where an entry
+    belongs) is shown as its text: `at` None, `at_text` the time's own text."""
+    if not isinstance(entry, dict):
+        return {"attempt": None, "at": None, "at_text": "", "error": _json_text(entry)}
+    text = entry.get("at")
     try:
-        at = datetime.fromisoformat(str(entry.get("at")))
-    except ValueError:
+        at: datetime | None = limits.instant(datetime.fromisoformat(str(text)), "at")
+    except (ValueError, InvalidInput):
         at = None
-    return {"attempt": entry.get("attempt"), "at": at, "error": str(entry.get("error") or "")}
+    return {
+        "attempt": entry.get("attempt"), "at": at, "at_text": "" if text is None else str(text),
+        "error": str(entry.get("error") or ""),
+    }  # fmt: skip
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def known_types(conn: Conn) -> list[str]:
@@ -166,6 +183,8 @@ def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
 
 def _schedule_view(row: dict[str, Any], now: datetime) -> ScheduleView:
     settings, refused = _archive_settings(row)
+    if isinstance(row["next_run_at"], RawInstant):  # written around the checks (rota.reading)
+        return ScheduleView(row, [], [], None, f"unreadable row: next_run_at {row['next_run_at']}")
     try:
         start = max(now, row["next_run_at"] - timedelta(microseconds=1))
         slots = cron.preview(row["cron"], row["timezone"], start=start, count=5)

@@ -5,14 +5,18 @@ groups kept apart. Each test failed before its fix."""
 
 from __future__ import annotations
 
+import html
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 from psycopg.types.json import Jsonb
+from starlette.testclient import TestClient
 
-from rota.web import AuthSettings
+from rota import schedule_store
+from rota.web import AuthSettings, reads
 from tests.web.conftest import BEARER, HTML, TOKEN, add_job, audit_rows, csrf_of, make_client
 
 PAGES = ["/", "/jobs", "/dead", "/schedules", "/types", "/workers", "/audit"]
@@ -253,3 +257,191 @@ def test_replicas_with_one_secret_accept_each_others_sessions_and_forms(db_url, 
         done = b.post(f"/jobs/{job_id}/retry", data={"csrf": csrf}, follow_redirects=False)
         assert done.status_code == 303
     assert audit_rows(conn)[0]["action"] == "retry"
+
+
+ACTIONS = [
+    ("/jobs/{id}/retry", {}),
+    ("/jobs/{id}/cancel", {}),
+    ("/jobs/{id}/run-now", {}),
+    ("/jobs/{id}/priority", {"priority": "5"}),
+    ("/jobs/selected", {"action": "retry", "id": "{id}"}),
+    ("/jobs/bulk", {"action": "retry", "status": "dead"}),
+    ("/dead/retry", {"type": "email", "error_class": "ValueError"}),
+    ("/types/pause", {"type": "email"}),
+    ("/types/resume", {"type": "email"}),
+    ("/types/limit", {"type": "email", "concurrency": "2"}),
+    ("/types/limit/clear", {"type": "email"}),
+    ("/schedules/suspend", {"name": "nightly"}),
+    ("/schedules/resume", {"name": "nightly"}),
+    ("/schedules/nightly/run", {}),
+]
+
+
+def test_an_action_refuses_unknown_fields_a_query_string_and_repeated_fields(client, conn):
+    job_id = add_job(conn, "email", "dead", last_error="ValueError: x")
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("nightly", "report", "* * * * *"))
+    form = {"Content-Type": "application/x-www-form-urlencoded", **BEARER}
+    for path, data in ACTIONS:
+        path = path.format(id=job_id)
+        data = {k: v.format(id=job_id) for k, v in data.items()}
+        tries = [
+            (path, {**data, "tpye": "delayedA"}, "unknown field 'tpye'"),
+            (path + "?type=x", data, "query string"),
+        ]
+        tries += [
+            (path, {**data, k: [v, v]}, f"{k!r} is given twice")
+            for k, v in data.items()
+            if k != "id"  # ticked jobs: `id` once per job
+        ]
+        tries += [(path, {**data, "csrf": ["a", "b"]}, "'csrf' is given twice")]
+        for url, fields, reason in tries:
+            body = urlencode(fields, doseq=True)
+            response = client.post(url, content=body, headers=form)
+            assert response.status_code == 400, (url, fields, response.text)
+            assert reason in response.json()["error"], (url, fields, response.text)
+            assert "\n" not in response.json()["error"]
+    # The typo and the query string no longer widen a bulk action to every job.
+    ready = add_job(conn, "delayedA", "ready", run_at=datetime.now(UTC) + timedelta(hours=1))
+    for url, body in [
+        ("/jobs/bulk", "action=run-now&tpye=delayedA"),
+        ("/jobs/bulk?type=x", "action=run-now"),
+        ("/jobs/bulk", "action=retry&status=dead&status=failed"),
+    ]:
+        assert client.post(url, content=body, headers=form).status_code == 400, url
+    assert audit_rows(conn) == []
+    jobs = conn.execute("SELECT id, status, run_at > now() AS later FROM rota.job ORDER BY id")
+    assert [(r["status"], r["later"]) for r in jobs] == [("dead", False), ("ready", True)]
+    assert conn.execute("SELECT count(*) AS n FROM rota.paused_type").fetchone()["n"] == 0
+    assert conn.execute("SELECT count(*) AS n FROM rota.job_limit").fetchone()["n"] == 0
+    assert schedule_store.get(conn, "nightly")["suspend"] is False
+    # Ticked jobs come as `id` once per job, and every form carries csrf and next.
+    body = urlencode({"action": "run-now", "id": [ready, job_id], "next": "/jobs"}, doseq=True)
+    assert client.post("/jobs/selected", content=body, headers=form).status_code == 200
+    assert [r["action"] for r in audit_rows(conn)] == ["selected-run-now"]
+
+
+def test_a_next_as_long_as_a_page_address_is_followed_and_a_longer_one_refused(client, conn):
+    job_id = add_job(conn, "email", "dead")
+    page = "/jobs?" + urlencode({"error": "é" * 500, "payload": "x=" + "ü" * 498})
+    done = client.post(
+        f"/jobs/{job_id}/retry", data={"next": page}, headers={**BEARER, **HTML},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert done.status_code == 303, done.text
+    assert done.headers["location"] == page
+    again = add_job(conn, "email", "dead")
+    refused = client.post(
+        f"/jobs/{again}/retry", data={"next": "/" + "x" * 20_000}, headers={**BEARER, **HTML},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert refused.status_code == 400 and "next is longer" in refused.text
+    assert [r["target"] for r in audit_rows(conn)] == [{"ids": [job_id]}]
+    assert conn.execute("SELECT status FROM rota.job WHERE id = %s", [again]).fetchone() == {
+        "status": "dead"
+    }
+    # A next that is no page of this console is not an error either: back to the overview.
+    for target in ("https://evil.example/", "/a\x00b", "//evil.example", "/a\tb"):
+        other = add_job(conn, "email", "dead")
+        done = client.post(
+            f"/jobs/{other}/retry", content=_encoded({"next": target}),
+            headers={**BEARER, **HTML, "Content-Type": "application/x-www-form-urlencoded"},
+            follow_redirects=False,
+        )  # fmt: skip
+        assert (done.status_code, done.headers.get("location")) == (303, "/"), done.text
+
+
+def _replica(conn: Any, statement: str, *params: Any) -> None:
+    """A write around the checks, as a superuser with triggers off could make."""
+    conn.execute("SET session_replication_role = replica")
+    conn.execute(statement, params)
+    conn.execute("RESET session_replication_role")
+
+
+def test_a_schedule_due_at_infinity_is_shown_as_its_text(client, conn):
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("forever", "report", "* * * * *"))
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("daily", "report", "0 3 * * *"))
+    _replica(conn, "UPDATE rota.schedule SET next_run_at = 'infinity' WHERE name = 'forever'")
+    for path in ("/schedules", "/"):
+        page = client.get(path, headers={**BEARER, **HTML})
+        assert page.status_code == 200, page.text
+        assert "infinity" in page.text
+        assert "9999-12-31" not in page.text
+    assert "0 3 * * *" in page.text or "daily" in page.text
+
+
+@pytest.mark.parametrize(
+    ("errors", "shown"),
+    [
+        ("5", "5"),
+        ('{"not": "a list"}', '{"not": "a list"}'),
+        ('[{"attempt": 1, "at": "2026-01-01T00:00:00", "error": "E1"}]', "2026-01-01T00:00:00"),
+        ('[{"attempt": 1, "at": "0001-01-01T00:00:00+14:00", "error": "E2"}]', "0001-01-01"),
+        ('[{"attempt": 1, "at": "infinity", "error": "E3"}, 7]', "infinity"),
+    ],
+)
+def test_a_job_whose_errors_have_another_shape_is_shown_as_text(client, conn, errors, shown):
+    job_id = add_job(conn, "email", "dead")
+    _replica(conn, "UPDATE rota.job SET errors = %s::jsonb WHERE id = %s", errors, job_id)
+    page = client.get(f"/jobs/{job_id}", headers={**BEARER, **HTML})
+    assert page.status_code == 200, page.text
+    table = page.text[page.text.index('id="attempt-errors"') :].split("</table>")[0]
+    assert shown in html.unescape(table)
+
+
+def test_an_internal_error_carries_the_security_headers_too(db_url, conn, monkeypatch):
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug with a secret in its message")
+
+    monkeypatch.setattr(reads, "job_detail", broken)
+    job_id = add_job(conn, "email", "dead")
+    app = make_client(db_url).app
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for accept in (HTML, {"Accept": "application/json"}):
+            response = c.get(f"/jobs/{job_id}", headers={**BEARER, **accept})
+            assert response.status_code == 500
+            assert response.headers["x-frame-options"] == "DENY"
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+            assert "secret" not in response.text
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("/jobs/%D9%A3", "not a whole number"),  # ARABIC-INDIC DIGIT THREE
+        ("/jobs/1_0", "not a whole number"),
+        ("/jobs/+1", "not a whole number"),
+        ("/jobs/%EF%BC%93", "not a whole number"),  # FULLWIDTH DIGIT THREE
+        ("/jobs?limit=1_0", "not a whole number"),
+        ("/jobs?before=%D9%A3", "not a whole number"),
+        ("/jobs/bulk?action=priority&status=ready&priority=%EF%BC%93", "whole number"),
+        ("/jobs/bulk?action=priority&status=ready", "give the new priority"),
+        ("/jobs/1?x=1", "takes no parameters, not 'x'"),
+        ("/dead?x=1", "takes no parameters"),
+    ],
+)
+def test_numbers_are_ascii_digits_and_every_page_names_what_it_refuses(client, conn, path, reason):
+    for _ in range(10):
+        add_job(conn, "email", "ready")
+    response = client.get(path, headers=BEARER)
+    assert response.status_code == 400, response.text
+    assert reason in response.json()["error"], response.text
+    assert "None" not in response.json()["error"] and "known: )" not in response.json()["error"]
+
+
+def test_form_numbers_are_ascii_digits(client, conn):
+    job_id = add_job(conn, "email", "ready")
+    for path, data in [
+        (f"/jobs/{job_id}/priority", {"priority": "\uff13"}),  # FULLWIDTH DIGIT THREE
+        (f"/jobs/{job_id}/priority", {"priority": "\u0663"}),  # ARABIC-INDIC DIGIT THREE
+        ("/jobs/selected", {"action": "run-now", "id": "1_0"}),
+        ("/types/limit", {"type": "email", "concurrency": "1_0"}),
+        ("/types/limit", {"type": "email", "concurrency": "+3"}),
+        ("/types/limit", {"type": "email", "rate": "\uff15", "per": "1"}),
+        ("/types/limit", {"type": "email", "rate": "5", "per": "\uff11"}),
+    ]:
+        response = client.post(path, data=data, headers=BEARER)
+        assert response.status_code == 400, (path, data, response.text)
+    assert audit_rows(conn) == []
+    spaced = {"type": "email", "concurrency": " 3 "}
+    assert client.post("/types/limit", data=spaced, headers=BEARER).status_code == 200

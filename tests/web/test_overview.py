@@ -127,3 +127,20 @@ def test_the_table_and_the_chart_mean_due_jobs_by_ready(client, conn):
     # The chart draws the one due job's wait, and no line for mail.
     assert [line.name for line in found.queue_age.lines] == ["all types", "sms"]
     assert found.queue_age.latest is not None and 90 <= found.queue_age.latest < 150
+
+
+def test_waiting_jobs_have_their_own_figure_and_show_when_they_wake(client, conn):
+    later = datetime.now(UTC) + timedelta(hours=2)
+    for _ in range(2):
+        add_job(conn, "order", "waiting", run_at=later)
+    add_job(conn, "order", "ready")
+    page = client.get("/", headers=PAGE).text
+    head = re.findall(r"<th[^>]*>(.*?)</th>", page[page.index('id="types"') :].split("</thead>")[0])
+    [row] = re.findall(r'<tr data-type="order">(.*?)</tr>', page, re.S)
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td.*?>(.*?)</td>", row, re.S)]
+    order = dict(zip(head, cells, strict=True))
+    assert (order["Waiting"], order["Ready"], order["Running"]) == ("2", "1", "0")
+    assert "/jobs?status=waiting&amp;type=order" in row
+    listed = client.get("/jobs?status=waiting", headers=PAGE).text
+    assert "ended" not in listed
+    assert len(re.findall(r"wakes\s*<time", listed)) == 2

@@ -192,3 +192,16 @@ def test_the_overview_shows_limits_holding_jobs_back(client, conn):
     strip = page[page.index('id="warnings"') :].split("</ul>")[0]
     assert "a limit holds back 3 due payment job(s) (concurrency 1)" in strip
     assert re.search(r'class="count warn" href="/types#limit-list">limited: 3 held<', page)
+
+
+def test_a_schedule_named_with_slashes_and_dots_is_run_by_its_own_name(client, conn):
+    for name in ("a/b/../c", "a/c", "..", "./x"):
+        schedule_store.upsert(conn, schedule_store.ScheduleSpec(name, "report", "* * * * *"))
+    page = client.get("/schedules", headers=PAGE).text
+    actions = re.findall(r'action="(/schedules/[^"]*/run)"', page)
+    assert 'action="/schedules/a%2Fb%2F..%2Fc/run"' in page
+    assert "/schedules/a/b/../c/run" not in page
+    for url in actions:
+        assert client.post(url, headers=JSON).status_code == 200, url
+    ran = [r["target"]["schedule"] for r in audit_rows(conn)]
+    assert sorted(ran) == sorted(["a/b/../c", "a/c", "..", "./x", "rota/archive"])

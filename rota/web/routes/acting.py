@@ -9,7 +9,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from rota.errors import InvalidInput
-from rota.web import actions
+from rota.web import actions, filters
 from rota.web.console import Console, form_field
 
 
@@ -25,12 +25,12 @@ async def threaded(c: Console, run: Callable[..., actions.Done], *args: Any) -> 
 
 def whole(form: Any, name: str) -> int | None:
     """A whole number from a form field (None when empty); `InvalidInput` otherwise."""
-    value = _parsed(form, name, int, "a whole number")
+    value = _parsed(form, name, filters.whole_number, "a whole number")
     return None if value is None else int(value)
 
 
 def seconds(form: Any, name: str) -> float | None:
-    return _parsed(form, name, float, "a number of seconds")
+    return _parsed(form, name, filters.decimal_number, "a number of seconds")
 
 
 def _parsed(form: Any, name: str, parse: Callable[[str], float], what: str) -> float | None:

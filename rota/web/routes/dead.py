@@ -22,7 +22,7 @@ def dead(c: Console, request: Request) -> Response:
 
 
 async def dead_retry(c: Console, request: Request) -> Response:
-    who, form = await c.actor(request)
+    who, form = await c.actor(request, ["type", "error_class"])
     job_type = name_field(form) or ""
     error_class = form_field(form, "error_class") or ""
     done = await threaded(c, actions.retry_dead_group, who, job_type, error_class)

@@ -39,6 +39,7 @@ def job_list(c: Console, request: Request) -> Response:
 
 def job(c: Console, request: Request) -> Response:
     who = c.viewer(request)
+    check_params(request, set())
     job_id = job_id_of(request)
     with c.conn() as conn:
         detail = reads.job_detail(conn, job_id)
@@ -62,7 +63,7 @@ def bulk_confirm(c: Console, request: Request) -> Response:
 
 def job_action(c: Console, run: Callable[..., actions.Done], needs_priority: bool = False) -> Any:
     async def endpoint(request: Request) -> Response:
-        who, form = await c.actor(request)
+        who, form = await c.actor(request, ["priority"] if needs_priority else [])
         job_id = job_id_of(request)
         extra = [filters.parse_priority(form_field(form, "priority"))] if needs_priority else []
         return c.acted(request, form, await threaded(c, run, who, job_id, *extra))
@@ -71,7 +72,7 @@ def job_action(c: Console, run: Callable[..., actions.Done], needs_priority: boo
 
 
 async def bulk_apply(c: Console, request: Request) -> Response:
-    who, form = await c.actor(request)
+    who, form = await c.actor(request, [*filters.FIELDS, "action", "priority"])
     bulk, priority = _bulk_of(form)
     found = filters.parse_filter({k: v for k, v in form.items() if isinstance(v, str)})
     return c.acted(request, form, await threaded(c, actions.bulk_apply, who, bulk, found, priority))
@@ -79,7 +80,7 @@ async def bulk_apply(c: Console, request: Request) -> Response:
 
 async def selected_apply(c: Console, request: Request) -> Response:
     """An action on the jobs ticked on a page (`id` once per job)."""
-    who, form = await c.actor(request)
+    who, form = await c.actor(request, ["id", "action", "priority"], repeated=["id"])
     bulk, priority = _bulk_of(form)
     ids = [filters.parse_id(v, "id") for v in form.getlist("id") if isinstance(v, str)]
     chosen = [i for i in ids if i is not None]

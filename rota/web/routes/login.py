@@ -13,7 +13,7 @@ from starlette.routing import Route
 from rota import sql
 from rota.db import fetch_all
 from rota.web import auth
-from rota.web.console import Console, form_field, safe_next
+from rota.web.console import Console, next_of, safe_next
 
 
 def login_page(c: Console, request: Request) -> Response:
@@ -36,7 +36,7 @@ async def login(c: Console, request: Request) -> Response:
     form = await request.form()
     raw = form.get("token")
     given = raw.strip() if isinstance(raw, str) else ""
-    target = safe_next(form_field(form, "next")) or "/"
+    target = next_of(form)
     if not auth.token_matches(c.settings.auth, given):
         page = c.render(
             request, "login.html", auth.ANONYMOUS, next=target, error="That is not the token.",

@@ -32,7 +32,7 @@ async def schedule_run(c: Console, request: Request) -> Response:
 
 def schedule_action(c: Console, suspend: bool) -> Any:
     async def endpoint(request: Request) -> Response:
-        who, form = await c.actor(request)
+        who, form = await c.actor(request, ["name"])
         name = name_field(form, "name", "schedule name")
         if not name:
             raise InvalidInput("give the schedule's name")

@@ -27,7 +27,7 @@ def types(c: Console, request: Request) -> Response:
 
 def types_action(c: Console, pause: bool) -> Any:
     async def endpoint(request: Request) -> Response:
-        who, form = await c.actor(request)
+        who, form = await c.actor(request, ["type", "all"])
         every = form_field(form, "all") is not None
         job_type = name_field(form)
         if not every and not job_type:
@@ -40,7 +40,8 @@ def types_action(c: Console, pause: bool) -> Any:
 
 
 async def limit_set(c: Console, request: Request) -> Response:
-    who, form = await c.actor(request)
+    fields = ["type", "concurrency", "group_concurrency", "rate", "per"]
+    who, form = await c.actor(request, fields)
     job_type = name_field(form)
     if not job_type:
         raise InvalidInput("give the job type to limit")
@@ -55,7 +56,7 @@ async def limit_set(c: Console, request: Request) -> Response:
 
 
 async def limit_clear(c: Console, request: Request) -> Response:
-    who, form = await c.actor(request)
+    who, form = await c.actor(request, ["type"])
     job_type = name_field(form)
     if not job_type:
         raise InvalidInput("give the job type whose limits to clear")
