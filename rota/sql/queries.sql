@@ -394,7 +394,25 @@ SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::big
 -- Capped batches and SKIP LOCKED keep many reapers out of each other's way;
 -- each expiration is counted in its UTC hour. A job of a limited type that
 -- leaves running frees a slot, and wakes idle workers as an outcome does.
-WITH expired AS (
+WITH lapsed AS (
+    SELECT j.id
+    FROM rota.job AS j
+    WHERE j.status = 'running' AND j.locked_until < coalesce(%(now)s::timestamptz, now())
+    ORDER BY j.locked_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+-- A running row without a lease (an INSERT or UPDATE written by hand) has none
+-- that anyone renews: it is given back as a lapsed one is. Apart, so that each
+-- walk is a range of job_running_idx (an OR of the two reads every running row).
+leaseless AS (
+    SELECT j.id
+    FROM rota.job AS j
+    WHERE j.status = 'running' AND j.locked_until IS NULL
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+expired AS MATERIALIZED (
     SELECT j.id,
            'LeaseExpired: worker ' || coalesce(j.locked_by, '?')
                || ' stopped renewing its lease during attempt ' || j.attempts AS error,
@@ -403,10 +421,7 @@ WITH expired AS (
                            WHERE s.job_id = j.id AND s.finished_at >= j.started_at)
                AS progressed
     FROM rota.job AS j
-    WHERE j.status = 'running' AND j.locked_until < coalesce(%(now)s::timestamptz, now())
-    ORDER BY j.locked_until
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    WHERE j.id IN (SELECT id FROM lapsed UNION ALL SELECT id FROM leaseless)
 ),
 reset AS (
     UPDATE rota.job AS j

@@ -229,6 +229,30 @@ def test_an_expired_lease_and_a_retry_pass_over_errors_of_another_shape(
     assert write_outcomes(conn, "w", [retry]) == {(ordinary, 2): Status.READY}
 
 
+def test_a_running_job_without_a_lease_is_given_back(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # A plain INSERT or UPDATE may make a job running with no lease at all; the
+    # reaper looked only for leases in the past, so such a job stayed running
+    # forever, its worker gone or never there.
+    leaseless = rota.enqueue(conn, "ordinary", {"n": 1})
+    held = rota.enqueue(conn, "ordinary", {"n": 2})
+    conn.execute(
+        "UPDATE rota.job SET status = 'running', attempts = 1, locked_by = 'w',"
+        " locked_until = CASE WHEN id = %s THEN NULL ELSE now() + interval '1 hour' END",
+        (leaseless,),
+    )
+    conn.execute("INSERT INTO rota.job (type, status) VALUES ('inserted', 'running')")
+    assert Reaper().run_once(db_url).count == 2
+    rows = conn.execute("SELECT id, type, status FROM rota.job ORDER BY id").fetchall()
+    assert [(r["type"], r["status"]) for r in rows] == [
+        ("ordinary", "ready"),
+        ("ordinary", "running"),
+        ("inserted", "ready"),
+    ]
+    assert rows[1]["id"] == held
+
+
 def test_no_writer_leaves_a_rate_window_the_claims_cannot_count(
     conn: psycopg.Connection[Any],
 ) -> None:
