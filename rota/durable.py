@@ -63,6 +63,9 @@ _SAME_IN_JSON = frozenset({str, int, bool, type(None)})
 _Sent = TypeVar("_Sent")
 """What a run's statement answers: its rows, or how many it stored."""
 
+_RESULT = "the handler's return value"
+"""How `limits.encode_result` names the value it refuses (a step's result, here)."""
+
 CHILD_OPTIONS = frozenset({"run_at", "delay", "max_attempts", "priority", "timeout", "group"})
 """What `spawn` passes on to its child, as `rota.enqueue` takes it."""
 
@@ -204,30 +207,37 @@ class Run:
         self._names: set[str] = set()
         self._counts = {"sleep": 0, "gather": 0, "spawn": 0}
         self._in_step = False
+        self._lock = threading.RLock()
+        """Held by each durable call while it uses the run's state and connection:
+        calls made at once (threads, or an async handler's `asyncio.gather`) take
+        turns on the run's one connection."""
 
     @property
     def conn(self) -> Conn:
         """The run's connection (not autocommit). Inside a step, what is written
         through it commits with the step's result; elsewhere commit it yourself."""
-        conn = self._own()
-        if not self._lent:
-            # Until a handler asks for it, the run's own statements each commit
-            # by themselves; from here on they join the handler's transaction.
-            self._lent = True
-            with errors_wrapped():
-                conn.autocommit = False
-        return conn
+        with self._lock:
+            conn = self._own()
+            if not self._lent:
+                # Until a handler asks for it, the run's own statements each commit
+                # by themselves; from here on they join the handler's transaction.
+                self._lent = True
+                with errors_wrapped():
+                    conn.autocommit = False
+            return conn
 
     def _own(self) -> Conn:
-        if self._conn is None:
-            if self._connections is not None:
-                self._conn = self._connections.get()
-            else:
-                self._conn = connect(self.dsn)
-        return self._conn
+        with self._lock:
+            if self._conn is None:
+                if self._connections is not None:
+                    self._conn = self._connections.get()
+                else:
+                    self._conn = connect(self.dsn)
+            return self._conn
 
     def close(self) -> None:
-        conn, self._conn, raw, self._raw = self._conn, None, self._raw, None
+        with self._lock:
+            conn, self._conn, raw, self._raw = self._conn, None, self._raw, None
         if raw is not None:
             raw.close()
         if conn is None:
@@ -268,18 +278,34 @@ class Run:
             raise
 
     def _begin_step(self, name: str) -> tuple[bool, Any]:
-        self._name(name, "step")
-        if self._in_step:
-            raise Permanent(f"step {name!r} runs inside another step: steps do not nest")
-        if self._stored is None:
-            self._stored = dict(self._commit(self._stored_steps))
-        if name in self._stored:
-            return True, self._stored[name]
-        self._in_step = True
-        return False, None
+        with self._lock:
+            self._name(name, "step")
+            if self._in_step:
+                raise Permanent(
+                    f"step {name!r} began while another step ran: steps neither nest"
+                    " nor run at once"
+                )
+            if self._stored is None:
+                self._stored = dict(self._commit(self._stored_steps))
+            if name in self._stored:
+                return True, self._stored[name]
+            self.job.raise_if_cancelled()  # a stopped attempt starts no new step
+            self._in_step = True
+            return False, None
 
     def _end_step(self, name: str, value: Any, started: float) -> Any:
-        encoded = limits.encode_result(value)
+        with self._lock:
+            return self._store_step(name, value, started)
+
+    def _store_step(self, name: str, value: Any, started: float) -> Any:
+        try:
+            encoded = limits.encode_result(value)
+        except InvalidInput as exc:  # the step's code: no retry can mend it
+            why = str(exc)
+            if why.startswith(_RESULT):
+                why = why[len(_RESULT) :]
+                raise Permanent(f"step {name!r} returned a value that{why}") from None
+            raise Permanent(f"step {name!r} returned a value rota cannot store: {why}") from None
         self._in_step = False
         # The step's writes (if it made any through `conn`) and its result commit
         # together; a step that wrote nothing stores its result in one round trip.
@@ -316,11 +342,12 @@ class Run:
         return self._raw
 
     def _abandon_step(self) -> None:
-        self._in_step = False
-        conn = self._conn
-        if conn is not None and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            with errors_wrapped():
-                conn.rollback()
+        with self._lock:
+            self._in_step = False
+            conn = self._conn
+            if conn is not None and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                with errors_wrapped():
+                    conn.rollback()
 
     # Waits
 
@@ -370,7 +397,7 @@ class Run:
         for child in wanted:
             row = found.get(child)
             if row is None:
-                raise InvalidInput(f"job {child} is not a child of job {self.job.id}")
+                raise Permanent(f"job {child} is not a child of job {self.job.id}")
             if row["status"] != Status.DONE:
                 raise ChildFailed(child, row["status"], row["last_error"])
             results.append(None if row["result"] is None else json.loads(row["result"]))
@@ -385,8 +412,9 @@ class Run:
         seconds: float | None = None,
     ) -> str:
         """Suspend on the wait `name` unless it has ended; how it ended."""
-        if self._in_step:
-            raise Permanent(f"{name} inside a step: a step cannot wait")
+        with self._lock:
+            if self._in_step:
+                raise Permanent(f"{name} inside a step: a step cannot wait")
         if children is not None:
             self._check_children(children)
         params = {
@@ -412,19 +440,21 @@ class Run:
         known = {row["child_id"] for row in rows}
         strangers = [child for child in children if child not in known]
         if strangers:
-            raise InvalidInput(f"jobs {strangers} are not children of job {self.job.id}")
+            raise Permanent(f"jobs {strangers} are not children of job {self.job.id}")
 
     # Plumbing
 
     def _name(self, name: str, what: str) -> None:
         limits.name(name, f"{what} name")
-        if name in self._names:
-            raise Permanent(f"{what} name {name!r} used twice in one run of job {self.job.id}")
-        self._names.add(name)
+        with self._lock:
+            if name in self._names:
+                raise Permanent(f"{what} name {name!r} used twice in one run of job {self.job.id}")
+            self._names.add(name)
 
     def _next(self, what: str) -> int:
-        self._counts[what] += 1
-        return self._counts[what]
+        with self._lock:
+            self._counts[what] += 1
+            return self._counts[what]
 
     def _read(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Run `query`; commit unless a step's transaction is open (no snapshot kept)."""
@@ -444,8 +474,8 @@ class Run:
         transaction open, the statement commits by itself: one round trip, where
         BEGIN, the statement and COMMIT take three (and so does every statement of
         a run whose handler never asked for `conn`)."""
-        conn = self._own()
-        with errors_wrapped():
+        with self._lock, errors_wrapped():
+            conn = self._own()
             if self._in_step or conn.autocommit:
                 return send(conn)
             if conn.info.transaction_status == pq.TransactionStatus.IDLE:
@@ -467,7 +497,7 @@ def _child_params(
 ) -> dict[str, Any]:
     unknown = sorted(set(options) - CHILD_OPTIONS)
     if unknown:
-        raise InvalidInput(
+        raise Permanent(
             f"spawn takes {', '.join(sorted(CHILD_OPTIONS))} (not {', '.join(unknown)}):"
             " a child is unique by its parent and name, never by a key"
         )

@@ -9,6 +9,7 @@ import pytest
 
 import rota
 from rota.jobs import Job
+from tests.acceptance.procs import wait_for
 from tests.durable.helpers import handlers, row, running, until_status
 
 ran: collections.Counter[str] = collections.Counter()
@@ -111,3 +112,36 @@ def test_cancelling_a_parent_cancels_its_children(conn, db_url) -> None:
     assert len(children) == 2
     assert rota.cancel(conn, [parent]).ended == sorted([parent, *children])
     assert {row(conn, j)["status"] for j in [parent, *children]} == {"cancelled"}
+
+
+def gathers_a_stranger(job: Job, ctx: rota.Context) -> Any:
+    return ctx.gather([job.payload["other"]])
+
+
+def spawns_with_a_key(job: Job, ctx: rota.Context) -> Any:
+    return ctx.spawn("double", {"n": 1}, key="once")
+
+
+MISUSE = handlers(gathers_a_stranger=gathers_a_stranger, spawns_with_a_key=spawns_with_a_key)
+
+
+@pytest.mark.parametrize(
+    ("job_type", "error"),
+    [
+        ("gathers.a.stranger", "Permanent: jobs [{other}] are not children of job {job}"),
+        ("spawns.with.a.key", "Permanent: spawn takes delay, group, max_attempts"),
+    ],
+)
+def test_a_misused_spawn_or_gather_fails_the_job_at_once(conn, db_url, job_type, error) -> None:
+    other = rota.enqueue(conn, "double", {"n": 1}, delay=3600)
+    job_id = rota.enqueue(conn, job_type, {"other": other}, max_attempts=3)
+    with running(db_url, MISUSE, concurrency=1):
+        found = wait_for(lambda: ended_once(conn, job_id), what="the first attempt to end")
+    assert (found["status"], found["attempts"]) == ("failed", 1)
+    assert found["last_error"].startswith(error.format(other=other, job=job_id))
+
+
+def ended_once(conn: Any, job_id: int) -> dict[str, Any] | None:
+    """The job's row once its first attempt has ended (written), else None."""
+    found = row(conn, job_id)
+    return found if found["attempts"] and found["status"] != "running" else None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -11,6 +15,8 @@ from rota.claim import claim
 from rota.durable import Run, RunConnections
 from rota.errors import LeaseLost
 from rota.jobs import Job
+from tests.durable.helpers import handlers as durable_handlers
+from tests.durable.helpers import running, until_status
 
 
 @pytest.fixture
@@ -113,3 +119,42 @@ def test_a_step_after_its_lease_was_taken_stores_nothing_and_undoes_its_writes(
     assert [r["name"] for r in stored] == ["a"]
     effects = [r["step"] for r in conn.execute("SELECT step FROM effect").fetchall()]
     assert effects == (["a"] if lent else [])
+
+
+def test_durable_calls_at_once_on_one_run_share_its_one_connection(conn, db_url) -> None:
+    connections = RunConnections(db_url, 6)
+    run = Run(db_url, "w", _claimed(conn), connections)
+    start = threading.Barrier(6)
+
+    def spawn(i: int) -> int:
+        start.wait(10)
+        return run.spawn("c", {"v": i}, name=f"c{i}")
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            ids = list(pool.map(spawn, range(6)))
+        run.close()
+        assert len(set(ids)) == 6
+        stats = connections._pool.get_stats() if connections._pool else {}
+        assert stats.get("requests_num") == 1
+        assert stats.get("pool_size") == stats.get("pool_available") == 1
+    finally:
+        connections.close()
+
+
+async def spawns_at_once(job: Job, ctx: rota.Context) -> Any:
+    return await asyncio.gather(*[ctx.spawn("c", {"v": i}) for i in range(5)])
+
+
+def test_an_async_handler_gathers_its_spawns_without_losing_connections(conn, db_url) -> None:
+    handlers = durable_handlers(spawns_at_once=spawns_at_once)
+    first = rota.enqueue(conn, "spawns.at.once")
+    with running(db_url, handlers, concurrency=1) as worker:
+        ids = until_status(conn, first, "done")["result"]
+        assert len(set(ids)) == 5
+        second = rota.enqueue(conn, "spawns.at.once")
+        assert until_status(conn, second, "done")["result"] != ids
+        pool = worker.context.connections._pool
+        assert pool is not None
+        stats = pool.get_stats()
+        assert stats.get("pool_size") == stats.get("pool_available") == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import decimal
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 import rota
 from rota.jobs import Job
 from rota.settings import BackoffSettings
-from tests.durable.helpers import handlers, running, until_status
+from tests.acceptance.procs import wait_for
+from tests.durable.helpers import handlers, row, running, until_status
 
 FAST = BackoffSettings(base_seconds=0.01, cap_seconds=0.01)
 ran: collections.Counter[str] = collections.Counter()
@@ -109,3 +111,41 @@ def test_async_handlers_await_their_steps(conn, db_url) -> None:
         row = until_status(conn, job_id, "done")
     assert row["result"] == 42
     assert ran[f"{job_id}:double"] == 1
+
+
+def returns_a_decimal(job: Job, ctx: rota.Context) -> Any:
+    return ctx.step("dt", lambda: {"d": decimal.Decimal("1.5")})
+
+
+def test_a_step_whose_result_is_not_json_fails_the_job_naming_the_step(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "returns.a.decimal", max_attempts=3)
+    with running(db_url, handlers(returns_a_decimal=returns_a_decimal), concurrency=1):
+        found = wait_for(lambda: ended_once(conn, job_id), what="the first attempt to end")
+    assert (found["status"], found["attempts"]) == ("failed", 1)
+    assert found["last_error"].startswith(
+        "Permanent: step 'dt' returned a value that is not JSON-serialisable:"
+    ), found["last_error"]
+    stored = conn.execute("SELECT 1 FROM rota.job_step WHERE job_id = %s", (job_id,))
+    assert stored.fetchall() == []
+
+
+def steps_after_its_stop(job: Job, ctx: rota.Context) -> Any:
+    ctx.step("before", lambda: ran.update([f"{job.id}:before"]))
+    assert job.cancelled.wait(30), "the attempt was not stopped"
+    return ctx.step("after", lambda: ran.update([f"{job.id}:after"]))
+
+
+def test_a_stopped_attempt_starts_no_new_step(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "steps.after.its.stop", timeout=0.5, max_attempts=1)
+    with running(db_url, handlers(steps_after_its_stop=steps_after_its_stop), concurrency=1):
+        found = until_status(conn, job_id, "dead", "failed", "done")
+    assert found["last_error"].startswith("Timeout: the attempt ran longer"), found["last_error"]
+    assert (ran[f"{job_id}:before"], ran[f"{job_id}:after"]) == (1, 0)
+    stored = conn.execute("SELECT name FROM rota.job_step WHERE job_id = %s", (job_id,))
+    assert [r["name"] for r in stored] == ["before"]
+
+
+def ended_once(conn: Any, job_id: int) -> dict[str, Any] | None:
+    """The job's row once its first attempt has ended (written), else None."""
+    found = row(conn, job_id)
+    return found if found["attempts"] and found["status"] != "running" else None

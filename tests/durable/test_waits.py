@@ -4,6 +4,8 @@ counted) and comes back when its time comes or its event is emitted."""
 from __future__ import annotations
 
 import collections
+import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +13,9 @@ import pytest
 import rota
 from rota.durable import wake_due
 from rota.jobs import Job
-from rota.reaper import Reaper
+from rota.reaper import Reaper, ReaperSettings
+from rota_worker.settings import WorkerSettings
+from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
 from tests.durable.helpers import handlers, later, row, running, until_status
 
@@ -119,3 +123,33 @@ def test_bad_waits_are_refused(conn, db_url) -> None:
         rota.emit(conn, "", None)
     with pytest.raises(rota.InvalidInput):
         rota.emit(conn, "k", object())
+
+
+def naps_briefly(job: Job, ctx: rota.Context) -> Any:
+    ctx.sleep(0.5)
+    return "rested"
+
+
+def test_a_short_sleep_brings_the_reapers_next_pass_forward(conn, db_url) -> None:
+    # The reaper's passes are far apart (30 s): only the suspension itself can
+    # bring the next one forward to the sleep's end.
+    settings = WorkerSettings(
+        concurrency=1,
+        run_scheduler=False,
+        poll_interval_seconds=0.2,
+        reaper=ReaperSettings(interval_seconds=30),
+    )
+    worker = Worker(db_url, settings, handlers=handlers(naps_briefly=naps_briefly))
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        job_id = rota.enqueue(conn, "naps.briefly")
+        assert until_status(conn, job_id, "done")["result"] == "rested"
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    late = conn.execute(
+        "SELECT ended_at - until AS late FROM rota.job_wait WHERE job_id = %s", (job_id,)
+    ).fetchone()["late"]
+    assert late < timedelta(seconds=1.5), late

@@ -4,7 +4,9 @@ Each child runs one attempt at a time and lives on between attempts; it imports
 the handler modules itself when it starts (spawn, not fork: a forked copy of a
 threaded asyncio process is not safe). When an attempt is stopped, its child is
 condemned: it gets SIGUSR1 (the handler sees ``job.cancelled`` set), SIGTERM
-after the grace period and SIGKILL two seconds later. The attempt ends, and
+after the grace period and SIGKILL two seconds later. A child ignores SIGINT
+and SIGTERM until it is condemned: a signal to the whole process group
+reaches it, and the parent's shutdown decides. The attempt ends, and
 its slot is free for a fresh child, only once the condemned one returned or is
 dead: two children never run in one slot. A condemned child that returns in
 time is kept. Costs: a start-up of a Python
@@ -55,11 +57,17 @@ def _child_main(
     current: list[Job] = []
 
     def stop_current(*_: object) -> None:
+        # Condemned: the parent's SIGTERM after the kill grace ends this process.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for running in current:
             running.cancelled.set()
 
     signal.signal(signal.SIGUSR1, stop_current)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    # The parent decides when to stop: a SIGINT or SIGTERM sent to the whole
+    # process group (a terminal, systemd, `timeout`) reaches it too, and its
+    # shutdown gives a handler its grace period before it condemns the child.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for name in ["rota.archive", *modules]:
         importlib.import_module(name)
     handlers = registered()
@@ -72,6 +80,7 @@ def _child_main(
         except EOFError:
             return
         job = Job(**row)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # kept after its last stop
         current[:] = [job]
         handler = handlers[job.type]
         try:

@@ -42,8 +42,17 @@ AHEAD_FAST_SECONDS = 0.05
 AHEAD_MAX_WAIT_SECONDS = 1.0
 """A job claimed ahead that could not start within this long is given back."""
 
-STOP_WAIT_SECONDS = 5.0
-"""At shutdown, how long stopped attempts are waited for before they are given up."""
+STOP_WAIT_SECONDS = 2.0
+"""At shutdown, how long attempts stopped at the end of the grace period are
+waited for before they are given up."""
+
+STOP_WRITE_SECONDS = 0.5
+"""At shutdown, the least time the outcomes are given to be written."""
+
+STOP_MARGIN_SECONDS = 3.0
+"""At shutdown, how long after the grace period the outcomes may take to be
+written: the stop then ends (within about a second more for the loops and
+connections), 25 + 3 s by default, under Kubernetes' 30 s."""
 
 
 class Slots:
@@ -68,6 +77,8 @@ class Slots:
         """Attempts in a row that ended under AHEAD_FAST_SECONDS."""
         self.stopping = False
         """The worker stops: claimed records are given back, never started."""
+        self.stopped_at: float | None = None
+        """When the worker was asked to stop (`clock`): its grace period runs from then."""
         self.eager = False
         """Tasks take their first step inside create_task (the loop's eager factory)."""
         self.clock: Callable[[], float] = time.monotonic
@@ -169,12 +180,14 @@ class Slots:
         self.start_waiting()
 
     async def drain(self, grace: float) -> None:
-        """The worker stops: let running attempts finish within `grace`, stop the rest
-        (given back), then wait for every outcome to be settled."""
+        """The worker stops: let running attempts finish within `grace` of the stop,
+        stop the rest (given back), then wait for every outcome to be settled, by
+        `STOP_MARGIN_SECONDS` after the grace period."""
+        grace_ends = (self.clock() if self.stopped_at is None else self.stopped_at) + grace
         running = self._tasks()
         log.info("stopping: %d jobs running, grace period %.0fs", len(running), grace)
         if running:
-            await asyncio.wait(running, timeout=grace)
+            await asyncio.wait(running, timeout=max(grace_ends - self.clock(), 0.0))
         for record in self.attempts.running:
             log.warning(
                 "job %s attempt %s did not finish within the grace period; given back",
@@ -189,11 +202,14 @@ class Slots:
             # A handler that ignores its stop even now: its thread ends with the
             # process (a child is killed), and its job is given back.
             task.cancel()
+        written_by = grace_ends + STOP_MARGIN_SECONDS
         if overrunning:
-            await asyncio.wait(overrunning, timeout=STOP_WAIT_SECONDS)
+            await asyncio.wait(overrunning, timeout=max(written_by - self.clock(), 0.0))
         self.outcomes.wake.set()
         try:
-            await asyncio.wait_for(self.attempts.settled_all(), max(grace, 5.0))
+            await asyncio.wait_for(
+                self.attempts.settled_all(), max(written_by - self.clock(), STOP_WRITE_SECONDS)
+            )
         except TimeoutError:
             log.error(
                 "%d outcomes could not be written; their leases will expire",

@@ -39,7 +39,7 @@ from rota.migrate import require_current
 from rota.reaper import Reaper, ReaperSettings
 from rota.scheduler import Scheduler
 from rota.services import Service, start_thread
-from rota_worker.attempts import Attempts
+from rota_worker.attempts import Attempts, Execution, State
 from rota_worker.claiming import ClaimLoop
 from rota_worker.leases import LeaseRenewal
 from rota_worker.link import Backoff, Link, first
@@ -49,6 +49,7 @@ from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.probe import FloorProbe
 from rota_worker.probes import Probes
 from rota_worker.processes import ProcessRunner
+from rota_worker.reaping import ReaperLoop
 from rota_worker.registry import Registry
 from rota_worker.settings import WorkerSettings
 from rota_worker.slots import Slots
@@ -107,7 +108,7 @@ class Worker:
             s, self.attempts, self.outcomes, self.handlers, self.context, self.runner,
             slot_freed=self._wake_claims,
         )  # fmt: skip
-        self.attempts.settled = lambda record: self._wake_claims()
+        self.attempts.settled = self._settled
         self.claims = ClaimLoop(
             s, self.types, self.attempts, self.outcomes, self.slots, self._stopping
         )
@@ -138,6 +139,8 @@ class Worker:
         """The background loops, in start order (the listener first: its wake-up
         may come before the first claim)."""
         self.probes = Probes(self)
+        self.reaping: ReaperLoop | None = None
+        """The reaper's loop while it runs in this worker."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _default_services(self) -> list[Service]:
@@ -154,6 +157,11 @@ class Worker:
     def _wake_claims(self) -> None:
         self.claims.wake()
 
+    def _settled(self, record: Execution) -> None:
+        if record.state is State.SUSPENDED and self.reaping is not None:
+            self.reaping.recheck()  # its job may come due before the reaper's next pass
+        self._wake_claims()
+
     # -- control -----------------------------------------------------------
     def stop(self) -> None:
         """Ask the worker to shut down gracefully (safe from any thread)."""
@@ -161,6 +169,8 @@ class Worker:
             self._loop.call_soon_threadsafe(self._stop_now)
 
     def _stop_now(self) -> None:
+        if not self._stopping.is_set():
+            self.slots.stopped_at = self.slots.clock()
         self._stopping.set()
         self.slots.stopping = True
         self.claims.wake()
@@ -201,7 +211,7 @@ class Worker:
                 await loop.run_in_executor(io, self.registry.register)
                 self.registry.start()
                 for service in self.services:
-                    start_thread(service, self.dsn, services_stop, deadlines=self.deadlines)
+                    self._start_service(service, services_stop)
                 self.leases.start_on(loop)
                 self.stalls.start()
                 # Its first round before the first claim: which types are
@@ -221,6 +231,8 @@ class Worker:
             await loop.run_in_executor(None, self._stop_loops)
             await loop.run_in_executor(io, self.registry.deregister)
             services_stop.set()
+            if self.reaping is not None:
+                self.reaping.recheck()  # ends its wait
             if server is not None:
                 server.shutdown()
             for link in links.values():
@@ -230,6 +242,13 @@ class Worker:
                 self.context.connections.close()
             io.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.outcomes.written)
+
+    def _start_service(self, service: Service, stop: threading.Event) -> None:
+        if isinstance(service, Reaper):
+            self.reaping = ReaperLoop(service, self.dsn, stop, self.deadlines)
+            self.reaping.start()
+        else:
+            start_thread(service, self.dsn, stop, deadlines=self.deadlines)
 
     def _stop_loops(self) -> None:
         for background in reversed(self.loops):
