@@ -57,8 +57,10 @@ def _child_main(
     current: list[Job] = []
 
     def stop_current(*_: object) -> None:
-        # Condemned: the parent's SIGTERM after the kill grace ends this process.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Condemned: the parent's SIGTERM after the kill grace ends this process
+        # (or reaches the handler's own, if it set one).
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for running in current:
             running.cancelled.set()
 
