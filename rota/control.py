@@ -234,7 +234,7 @@ def _types(types: Sequence[str] | None) -> list[str] | None:
         raise InvalidInput("give job types, or all of them")
     for t in checked:
         if t == ALL_TYPES:
-            raise InvalidInput(f"not a job type: {t!r} (to mean every type, say all)")
+            raise InvalidInput(f"not a job type: {t!r} (to mean every type, give types=None)")
     return checked
 
 

@@ -10,7 +10,9 @@ import argparse
 import json
 import math
 import os
-from collections.abc import Callable
+import re
+import string
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -75,29 +77,44 @@ def parse_instant(text: str, what: str) -> datetime:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+"""Units of a duration, in lower case only: m is minutes, and there is no month."""
+
+_NUMBER = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+"""A duration's number: ASCII digits, a point, an exponent (no `_`, no other digits)."""
 
 
 def parse_duration(text: str, what: str) -> float:
-    """Seconds from "90", "90s", "15m", "12h", "7d" or "2w"."""
-    raw = text.strip().lower()
-    unit = 1
-    if raw and raw[-1] in _UNITS:
-        unit, raw = _UNITS[raw[-1]], raw[:-1]
-    try:
-        seconds = float(raw) * unit
-    except ValueError:
-        raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}") from None
-    if not 0 <= seconds < math.inf:  # nan and inf too
+    """Seconds from "90", "90s", "15m", "12h", "7d" or "2w"; the unit's case counts
+    ("1M" is refused, never taken for a minute or a month)."""
+    raw = text.strip()
+    if raw.lstrip("+-").lower() in ("nan", "inf", "infinity"):
+        raise UsageError(f"{what} must be a number, like 90s, 15m, 12h or 7d: {text!r}")
+    number = raw.rstrip(string.ascii_letters)
+    unit = raw[len(number) :]
+    if not _NUMBER.fullmatch(number.rstrip()):
+        raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}")
+    if unit and unit not in _UNITS:
+        raise UsageError(
+            f"{what} has an unknown unit {unit!r}: {text!r} (the units are s, m (minutes),"
+            " h, d and w, in lower case)"
+        )
+    seconds = float(number) * _UNITS.get(unit, 1)
+    if not math.isfinite(seconds):
+        raise UsageError(f"{what} must be a number, like 90s, 15m, 12h or 7d: {text!r}")
+    if seconds < 0:
         raise UsageError(f"{what} must not be negative: {text!r}")
     return limits.delay_seconds(seconds, what)
 
 
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
 def whole_number(text: str) -> int:
-    """argparse type: a whole number, any sign."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    """argparse type: a whole number, any sign, in ASCII digits only (no `+`, no
+    `_`, no spaces, no other script's digits: int() would take them all)."""
+    if not _WHOLE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
 
 
 def positive_int(text: str, maximum: int = limits.INTEGER_MAX) -> int:
@@ -150,13 +167,67 @@ def non_negative_int(text: str) -> int:
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 0 (any free one) to 65535."""
     try:
-        value = int(text)
-    except ValueError:
+        value = whole_number(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be from 0 to 65535: {text!r}")
     return value
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0 and C1 control characters, DEL, and the line and paragraph separators."""
+
+
+def shown(text: str) -> str:
+    """`text` for a terminal: each control character escaped as Python's repr
+    writes it (a line break as \\n, ESC as \\x1b), so a value can neither move
+    the cursor nor break a table's line. --json keeps the exact text."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells (the first row the header) as aligned columns, cells `shown`."""
+    cells = [[shown(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return "".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
+        for row in cells
+    )
+
+
+_NOT_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and the infinities as the strings "NaN", "Infinity" and
+    "-Infinity", which strict JSON has no numbers for."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NOT_FINITE.get(value, "NaN")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _json_default(value: Any) -> str:
+    """A time in ISO-8601 (one past Python's range as PostgreSQL's text), else its str."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """`value` as strict JSON, keys sorted: times in ISO-8601, NaN and the
+    infinities as strings (a value rarely holds them: only then is it copied)."""
+    try:
+        return json.dumps(
+            value, indent=indent, sort_keys=True, default=_json_default, allow_nan=False
+        )
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return json.dumps(
+            _finite(value), indent=indent, sort_keys=True, default=_json_default, allow_nan=False
+        )
+
+
 def print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+    print(json_text(value, indent=2))

@@ -32,6 +32,9 @@ def explain(exc: BaseException, argv: Sequence[str]) -> tuple[int, str] | None:
     """The exit code and the line to print for `exc`, or None if it is not Rota's."""
     if isinstance(exc, UsageError | InvalidInput | JobNotFound):
         return BAD_INPUT, f"error: {one_line(exc)}{_dash_hint(str(exc), argv)}"
+    if refused := _refused_option(exc):
+        source = "ROTA_DATABASE_URL" if os.environ.get("ROTA_DATABASE_URL") else "a PG* variable"
+        return BAD_INPUT, f"error: {source} has a connection option libpq refuses: {refused}"
     if isinstance(exc, DatabaseUnavailable):
         return RUNTIME, _unavailable(exc)
     if isinstance(exc, DatabaseError) and isinstance(exc.__cause__, _NO_SCHEMA):
@@ -42,6 +45,28 @@ def explain(exc: BaseException, argv: Sequence[str]) -> tuple[int, str] | None:
     if isinstance(exc, RotaError):
         return RUNTIME, one_line(exc)
     return None
+
+
+_REFUSED_OPTION = re.compile(
+    r"bad value for \w+|invalid \w+ value|invalid integer value .* for connection option"
+    r"|invalid port number|could not parse network address|could not match \d+ host names"
+)
+"""How libpq (and psycopg before it) refuses a connection option's value: the
+URL is at fault, not the server, which was not asked."""
+
+
+def _refused_option(exc: BaseException) -> str | None:
+    """The reason libpq refused the connection options behind `exc`, or None."""
+    cause = exc.__cause__
+    if not isinstance(exc, DatabaseError | DatabaseUnavailable) or not isinstance(
+        cause, psycopg.OperationalError | psycopg.ProgrammingError
+    ):
+        return None
+    if cause.sqlstate:  # the server's answer: it was reached
+        return None
+    text = str(cause)
+    found = _REFUSED_OPTION.search(text)
+    return " ".join(text[found.start() :].split()) if found else None
 
 
 def one_line(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any
 
-from rota.cli.common import UsageError, database_url
+from rota.cli.common import UsageError, database_url, whole_number
 from rota.metrics import MetricsSettings, metrics_page, queue_registry, serve_pages
 
 log = logging.getLogger("rota")
@@ -24,7 +24,9 @@ log = logging.getLogger("rota")
 def register(sub: Any) -> None:
     p = sub.add_parser("exporter", help="serve the queue-wide measures on /metrics")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=9091, help="port to listen on (default 9091)")
+    p.add_argument(
+        "--port", type=whole_number, default=9091, help="port to listen on (default 9091)"
+    )
     p.add_argument(
         "--cache",
         type=float,

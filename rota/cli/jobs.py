@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 from datetime import datetime
 from typing import Any
 
-from rota import control, durable, limits, lookup
-from rota.cli.common import UsageError, database_url, positive_int, print_json
+from psycopg.types.string import TextLoader
+
+from rota import control, db, durable, limits, lookup
+from rota.cli.common import UsageError, database_url, positive_int, print_json, shown, table
 from rota.jobs import Job, Status
-from rota.reading import RawJson
+from rota.reading import json_of
 
 
 def register(sub: Any) -> None:
@@ -69,16 +70,14 @@ def _table(jobs: list[Job]) -> None:
     if not jobs:
         print("(no jobs)")
         return
-    cells = [[_cell(getattr(job, c)) for c in _COLUMNS] for job in jobs]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(_COLUMNS)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(_COLUMNS, widths, strict=True)))
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    cells = [[_cell(getattr(job, c), c) for c in _COLUMNS] for job in jobs]
+    print(table([[c.upper() for c in _COLUMNS], *cells]), end="")
 
 
-def _cell(value: Any) -> str:
-    text = _value(value).splitlines()[0] if value not in (None, "") else _value(value)
-    return text[:60]
+def _cell(value: Any, column: str) -> str:
+    """A value cut to 60 characters; of an error (a traceback) its first line only."""
+    text = _value(value)
+    return shown(text.partition("\n")[0] if column == "last_error" else text)[:60]
 
 
 def _print(jobs: list[Job], as_json: bool) -> None:
@@ -93,18 +92,24 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN_BESIDE = ("group_key", "parent_id", "result", "errors")
+_SHOWN_BESIDE = ("group_key", "unique_key", "parent_id", "result", "errors")
 """Columns `rota jobs show` prints after a Job's own."""
+
+_JSON_COLUMNS = ("payload", "result", "errors", "trace_context")
+"""The jsonb columns: read as the database's text, then decoded (`rota.reading.json_of`)."""
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    row = lookup.job_row(database_url(), args.id)
-    shown = Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE}
+    with db.connect(database_url()) as conn:
+        conn.adapters.register_loader("jsonb", TextLoader)  # JSON as stored, no number rounded
+        stored = lookup.job_row(conn, args.id)
+    row = stored | {name: json_of(stored[name]) for name in _JSON_COLUMNS if stored.get(name)}
+    columns = Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE}
     done = durable.trail(database_url(), args.id)
     if args.json:
-        print_json(shown | dataclasses.asdict(done))
+        print_json(columns | dataclasses.asdict(done))
     else:
-        print(_described(shown) + _trail(done), end="")
+        print(_described(columns, stored) + _trail(done), end="")
     return 0
 
 
@@ -131,26 +136,30 @@ def _trail(done: durable.Trail) -> str:
             f"  {c['name']}  job {c['id']}  {c['type'] or '?'}  {c['status'] or 'gone'}"
             for c in done.children
         ]
-    return "".join(line + "\n" for line in lines)
+    return "".join(shown(line) + "\n" for line in lines)
 
 
 _BLOCKS = ("payload", "result", "last_error")
 """Columns shown under their name when they take more than a line: a line of text each."""
 
 
-def _described(row: dict[str, Any]) -> str:
+def _described(row: dict[str, Any], stored: dict[str, Any]) -> str:
     """A job for people: one `name  value` line per column (times as `jobs list` shows
-    them), then a long payload or result and the errors (tracebacks) as lines."""
+    them), then a long payload or result and the errors (tracebacks) as lines.
+
+    The payload and the result are the database's text of them (`stored`), so no
+    number is rounded; a long one is indented when Python reads it back exactly."""
     plain = {k: v for k, v in row.items() if k not in (*_BLOCKS, "errors", "max_attempts")}
     plain["attempts"] = f"{row['attempts']} of {row['max_attempts']}"
     blocks: dict[str, str] = {}
     for name in ("payload", "result"):
-        raw = isinstance(row.get(name), RawJson)  # too deep for Python: its text as stored
-        text = row[name] if raw else json.dumps(row.get(name), default=str)
-        if len(text) <= 80:
-            plain[name] = text if row.get(name) is not None else None
-        else:
-            blocks[name] = text if raw else json.dumps(row[name], indent=2, default=str)
+        text = stored.get(name)
+        if text is None or len(text) <= 80:
+            plain[name] = text
+        elif json.dumps(row[name], ensure_ascii=False) == text:
+            blocks[name] = json.dumps(row[name], indent=2, ensure_ascii=False)
+        else:  # a number Python would round, JSON nested past Python's reach
+            blocks[name] = text
     width = max(len(name) for name in plain)
     lines = [f"{name.ljust(width)}  {_value(value)}" for name, value in plain.items()]
     for name, text in blocks.items():
@@ -165,16 +174,13 @@ def _described(row: dict[str, Any]) -> str:
         lines += ["errors:", f"  {_value(errors)}"]
     if row.get("last_error"):
         lines += ["last_error:", *(f"  {line}" for line in str(row["last_error"]).splitlines())]
-    return "\n".join(lines) + "\n"
+    return "".join(shown(line) + "\n" for line in lines)
 
 
 def _value(value: Any) -> str:
-    """One column's value on one line, times to the second as `jobs list` shows them."""
+    """One column's value, times (datetime values, never text) to the second."""
     if value is None:
         return "-"
-    if isinstance(value, str) and value[:4].isdigit() and "T" in value:
-        with contextlib.suppress(ValueError):
-            value = datetime.fromisoformat(value)
     if isinstance(value, datetime):
         return value.isoformat(timespec="seconds")
     if isinstance(value, dict | list):
@@ -183,11 +189,13 @@ def _value(value: Any) -> str:
 
 
 def cmd_jobs_cancel(args: argparse.Namespace) -> int:
-    if args.ids and args.type:
+    if args.ids and args.type is not None:
         raise UsageError("give job ids or --type, not both")
-    if not args.ids and not args.type:
+    if not args.ids and args.type is None:
         raise UsageError("give job ids or --type: rota jobs cancel ID... | --type TYPE")
-    if args.status and not args.type:
+    if args.type is not None and not args.type.strip():
+        raise UsageError(f"--type must be a non-empty job type name, not {args.type!r}")
+    if args.status and args.type is None:
         raise UsageError("--status goes with --type")
     if args.ids:
         result = control.cancel(database_url(), args.ids)

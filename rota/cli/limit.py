@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from rota import flow
-from rota.cli.common import UsageError, database_url, positive_int, print_json
+from rota.cli.common import UsageError, database_url, positive_int, print_json, table
 
 
 def register(sub: Any) -> None:
@@ -85,8 +85,4 @@ def render(limits: list[flow.Limit]) -> str:
                 "LIMITED" if lim.limited else "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
-        for row in rows
-    )
+    return table(rows)

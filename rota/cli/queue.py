@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from rota import control, limits
@@ -15,7 +14,9 @@ from rota.cli.common import (
     parse_json,
     positive_int,
     unique_flags,
+    whole_number,
 )
+from rota.cli.timeouts import option_or_env
 from rota.enqueue import enqueue
 from rota.migrate import KEY_INDEXES, describe_key_index, migrate, use_key_index
 from rota.settings import QueueSettings
@@ -41,9 +42,12 @@ def register(sub: Any) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--run-at", help="ISO-8601 instant to run at (UTC when no offset)")
     when.add_argument("--delay", type=checked(float, limits.delay_seconds), help="seconds from now")
-    p.add_argument("--max-attempts", type=checked(int, limits.whole))  # the rule of the API
+    # --max-attempts follows the rule of the API
+    p.add_argument("--max-attempts", type=checked(whole_number, limits.whole))
     p.add_argument(
-        "--priority", type=checked(int, limits.priority), help="0 (runs first) to 9; default 0"
+        "--priority",
+        type=checked(whole_number, limits.priority),
+        help="0 (runs first) to 9; default 0",
     )
     p.add_argument(
         "--timeout",
@@ -62,7 +66,6 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-payload-bytes",
         type=positive_int,
-        default=int(os.environ.get("ROTA_MAX_PAYLOAD_BYTES") or QueueSettings().max_payload_bytes),
         help="largest payload accepted (default: ROTA_MAX_PAYLOAD_BYTES or 262144)",
     )
     p.set_defaults(func=cmd_enqueue)
@@ -118,8 +121,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = parse_json(args.payload)
-    run_at = parse_instant(args.run_at, "--run-at") if args.run_at else None
-    settings = QueueSettings(max_payload_bytes=args.max_payload_bytes)
+    run_at = parse_instant(args.run_at, "--run-at") if args.run_at is not None else None
+    max_bytes = option_or_env(args.max_payload_bytes, "ROTA_MAX_PAYLOAD_BYTES", positive_int)
+    settings = QueueSettings(max_payload_bytes=max_bytes or QueueSettings().max_payload_bytes)
     job_id = enqueue(
         database_url(),
         args.type,
@@ -144,6 +148,8 @@ def _types(args: argparse.Namespace) -> list[str] | None:
         raise UsageError(f"give job types or --all, not both: rota {args.command} TYPE... | --all")
     if not args.types and not args.all:
         raise UsageError(f"give job types or --all: rota {args.command} TYPE... | --all")
+    if any(t.strip() == control.ALL_TYPES for t in args.types):
+        raise UsageError(f"not a job type: {control.ALL_TYPES!r} (to mean every type, say --all)")
     return None if args.all else args.types
 
 

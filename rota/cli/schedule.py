@@ -21,7 +21,9 @@ from rota.cli.common import (
     parse_json,
     positive_int,
     print_json,
+    table,
     unique_flags,
+    whole_number,
 )
 from rota.schedule_store import ScheduleSpec
 
@@ -48,7 +50,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--priority",
-        type=checked(int, limits.priority),
+        type=checked(whole_number, limits.priority),
         help="priority of each slot's job: 0 (first) to 9",
     )
     p.add_argument(
@@ -117,10 +119,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    lines = [_HEADER] + [_list_line(r) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(_HEADER))]
-    for line in lines:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    print(table([_HEADER, *(_list_line(r) for r in rows)]), end="")
     return 0
 
 
@@ -183,7 +182,7 @@ def _set_suspended(name: str, suspend: bool) -> int:
 def cmd_preview(args: argparse.Namespace) -> int:
     if args.count > _MAX_PREVIEW:
         raise UsageError(f"--count must be at most {_MAX_PREVIEW}")
-    start = parse_instant(args.start, "--from") if args.start else None
+    start = parse_instant(args.start, "--from") if args.start is not None else None
     for slot in cron.preview(args.cron, args.timezone, start, args.count):
         print(slot.isoformat())
     return 0

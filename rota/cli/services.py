@@ -17,7 +17,7 @@ from typing import Any
 from rota import db, limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
 from rota.cli import timeouts
-from rota.cli.common import checked, database_url, parse_duration
+from rota.cli.common import checked, database_url, parse_duration, whole_number
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.metrics import Page, serve_pages
 from rota.migrate import require_current
@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
 def _add_health_port(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--health-port",
-        type=checked(int, lambda v, name: limits.whole(v, name, 0, 65535)),
+        type=checked(whole_number, lambda v, name: limits.whole(v, name, 0, 65535)),
         metavar="PORT",
         help="serve /healthz (the process answers) and /readyz (the last pass worked) on PORT",
     )

@@ -8,16 +8,24 @@ alert fires on never disagree. It only reads; it never changes a row.
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from rota.cli.common import UsageError, database_url, parse_duration, print_json
+from rota.cli.common import (
+    UsageError,
+    database_url,
+    json_text,
+    non_negative_int,
+    parse_duration,
+    print_json,
+    shown,
+)
 from rota.errors import MigrationError
 from rota.migrate import describe_key_index, key_index
-from rota.status import read_status, render, warnings
+from rota.status import QueueStatus, read_status, render, warnings
 
 _CLEAR = "\033[H\033[J"
 
@@ -41,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--max-lease-expirations",
-        type=int,
+        type=non_negative_int,
         default=10,
         metavar="N",
         help="warn when N or more leases expired in the current or the previous hour (default 10)",
@@ -56,13 +64,26 @@ def _interval(text: str) -> float:
     return seconds
 
 
+def _escaped(status: QueueStatus) -> QueueStatus:
+    """The status with its names `shown` (control characters escaped), for the text view."""
+    return dataclasses.replace(
+        status,
+        types={shown(name): measures for name, measures in status.types.items()},
+        schedules=tuple(
+            dataclasses.replace(s, name=shown(s.name), job_type=shown(s.job_type))
+            for s in status.schedules
+        ),
+        limits=tuple(dataclasses.replace(lim, type=shown(lim.type)) for lim in status.limits),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     max_age = parse_duration(args.max_age, "--max-age")
     dsn = database_url()
 
     def snapshot() -> dict[str, Any] | str:
         """The JSON document, or the text, of the status now."""
-        status = read_status(dsn)
+        status = read_status(dsn) if args.json else _escaped(read_status(dsn))
         found = warnings(status, max_age, args.max_lease_expirations)
         try:
             keys: str | None = key_index(dsn)
@@ -74,11 +95,11 @@ def run(args: argparse.Namespace) -> int:
         return render(status, found, describe_key_index(keys) if keys else "none")
 
     if args.watch is None:
-        shown = snapshot()
-        if isinstance(shown, str):
-            print(shown, end="")
+        view = snapshot()
+        if isinstance(view, str):
+            print(view, end="")
         else:
-            print_json(shown)
+            print_json(view)
         return 0
     return watch(snapshot, args.watch, as_json=args.json)
 
@@ -94,11 +115,11 @@ def watch(
     done = 0
     try:
         while rounds is None or done < rounds:
-            shown = snapshot()
+            view = snapshot()
             if as_json:
-                print(json.dumps(shown, sort_keys=True, default=str), flush=True)
+                print(json_text(view), flush=True)
             else:
-                sys.stdout.write(f"{_CLEAR}{shown}\nEvery {interval:g}s; Ctrl-C stops.\n")
+                sys.stdout.write(f"{_CLEAR}{view}\nEvery {interval:g}s; Ctrl-C stops.\n")
                 sys.stdout.flush()
             done += 1
             if rounds is None or done < rounds:

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from rota.cli.common import UsageError, database_url
+from rota.cli.common import UsageError, database_url, whole_number
 from rota.errors import RotaError
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _port(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
+        value = whole_number(text)
+    except argparse.ArgumentTypeError:
         raise UsageError(f"--port is not a whole number: {text!r}") from None
     if not 1 <= value <= 65535:
         raise UsageError(f"--port must be from 1 to 65535, not {value}")
