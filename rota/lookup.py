@@ -57,11 +57,15 @@ def get_job(conn_or_dsn: ConnOrDsn, job_id: int) -> Job:
     return Job.from_row(job_row(conn_or_dsn, job_id))
 
 
-def job_row(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
-    """One job's whole row: a `Job`'s columns and the others (result, errors, group)."""
+def job_row(conn_or_dsn: ConnOrDsn, job_id: int, archived: bool = False) -> dict[str, Any]:
+    """One job's whole row: a `Job`'s columns and the others (result, errors, group).
+    With `archived`, a job the archiver moved is read from the archive (its row
+    has `archived_at`)."""
     limits.job_id(job_id)
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("get_job"), {"id": job_id})
+        if not rows and archived:
+            rows = fetch_all(conn, sql.query("get_archived_job"), {"id": job_id})
     if not rows:
         raise JobNotFound(f"no job with id {job_id}")
     return rows[0]

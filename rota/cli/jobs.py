@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--limit", type=positive_int, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs_list)
-    p = jobs.add_parser("show", help="one job's whole row")
+    p = jobs.add_parser("show", help="one job's whole row (an archived job's from the archive)")
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true", help="the row as one JSON object")
     p.set_defaults(func=cmd_jobs_show)
@@ -102,9 +102,11 @@ _JSON_COLUMNS = ("payload", "result", "errors", "trace_context")
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     with db.connect(database_url()) as conn:
         conn.adapters.register_loader("jsonb", TextLoader)  # JSON as stored, no number rounded
-        stored = lookup.job_row(conn, args.id)
+        stored = lookup.job_row(conn, args.id, archived=True)
     row = stored | {name: json_of(stored[name]) for name in _JSON_COLUMNS if stored.get(name)}
     columns = Job.from_row(row).to_row() | {name: row.get(name) for name in _SHOWN_BESIDE}
+    if "archived_at" in row:  # moved by the archiver: the row as it left the table
+        columns["archived_at"] = row["archived_at"]
     done = durable.trail(database_url(), args.id)
     if args.json:
         print_json(columns | dataclasses.asdict(done))

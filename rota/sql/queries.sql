@@ -505,6 +505,9 @@ LIMIT %(limit)s
 -- name: get_job
 SELECT * FROM rota.job WHERE id = %(id)s
 
+-- name: get_archived_job
+SELECT * FROM rota.job_archive WHERE id = %(id)s
+
 -- name: job_outcome
 -- What became of a job, from rota.job or, once archived, the archive. JSON comes
 -- as text, decoded by Rota whatever loaders the connection has (Django's leave

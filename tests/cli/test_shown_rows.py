@@ -12,6 +12,7 @@ import pytest
 
 import rota
 from rota import flow
+from rota.archive import Archiver, ArchiveSettings
 from rota.cli import main
 
 HOSTILE = "evil\x1b[31m\n\x01\x7f\x9b"
@@ -148,3 +149,26 @@ def test_jobs_show_prints_the_unique_key(capsys, monkeypatch, db_url) -> None:
     assert ["unique_key", "A"] in [line.split() for line in second]
     shown = strict(cli(capsys, monkeypatch, db_url, "jobs", "show", "1", "--json"))
     assert shown["unique_key"] == "K"
+
+
+def test_jobs_show_reads_an_archived_job(
+    conn: psycopg.Connection[Any],
+    db_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As rota.result and the console's job page do: an archived job is still
+    # one `rota jobs show` away, marked as such (it said "no job with id").
+    job_id = rota.enqueue(conn, "report", {"month": "2026-11"})
+    conn.execute(
+        "UPDATE rota.job SET status = 'done', attempts = 1, finished_at = now()"
+        " - interval '30 days', result = '{\"pages\": 3}' WHERE id = %s",
+        (job_id,),
+    )
+    Archiver(ArchiveSettings(done_retention_seconds=60)).run_once(conn)
+    assert conn.execute("SELECT count(*) AS n FROM rota.job").fetchone() == {"n": 0}
+    text = cli(capsys, monkeypatch, db_url, "jobs", "show", str(job_id))
+    assert "archived" in text and "report" in text and "pages" in text
+    shown = strict(cli(capsys, monkeypatch, db_url, "jobs", "show", str(job_id), "--json"))
+    assert (shown["id"], shown["status"], shown["result"]) == (job_id, "done", {"pages": 3})
+    assert shown["archived_at"]
