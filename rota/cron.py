@@ -224,6 +224,10 @@ class Schedule:
         days = (until - first).days + 3
         for slots in self._days_from(first - timedelta(microseconds=1), days):
             lo, hi = bisect.bisect_left(slots, first), bisect.bisect_right(slots, until)
+            # A day's slot moved out of a gap to the next valid instant may be the
+            # next day's own (a skipped day's midnight is the next midnight): one slot.
+            if latest is not None:
+                lo = max(lo, bisect.bisect_right(slots, latest))
             if hi > lo:
                 count, latest = count + hi - lo, slots[hi - 1]
         return count, latest

@@ -141,6 +141,16 @@ def test_due_counts_and_latest() -> None:
     assert count == 365 * 1440
 
 
+def test_due_counts_an_instant_two_days_share_once() -> None:
+    # Samoa skipped 2011-12-30: that day's midnight, moved to the next valid
+    # instant, is the 31st's own midnight. The catch-up count saw two slots
+    # there and the scheduler counted one as missed.
+    schedule = cron.Schedule("@daily", "Pacific/Apia")
+    midnight = utc(2011, 12, 30, 10)
+    assert schedule.due(utc(2011, 12, 30, 9), utc(2011, 12, 30, 11)) == (1, midnight)
+    assert schedule.slots(utc(2011, 12, 29, 11), 2) == [midnight, utc(2011, 12, 31, 10)]
+
+
 def test_preview_in_the_schedule_zone() -> None:
     slots = cron.preview("@daily", "America/New_York", utc(2026, 3, 7, 12), 2)
     assert [s.isoformat() for s in slots] == [
