@@ -1,9 +1,10 @@
 """The operator's only caller of the Kubernetes API (beside kopf's own watching).
 
 It reads and sets a Deployment's replicas through the scale subresource (so
-the operator needs no write access to Deployments themselves), marks the
-Deployment's pods with their cost of deletion (so a scale-down stops idle
-workers, not busy ones), writes a WorkerPool's status, and posts Events.
+the operator needs no write access to Deployments themselves), lists the
+Deployment's pods (their names tell which workers are its own) and marks them
+with their cost of deletion (so a scale-down stops idle workers, not busy
+ones), writes a WorkerPool's status, and posts Events.
 Every call is synchronous and raises `KubeError` for an API failure, so no
 other module imports `kubernetes`.
 """
@@ -93,21 +94,31 @@ class Kube:
             str(status.get("selector") or ""),
         )
 
-    def mark_deletion_costs(self, namespace: str, selector: str, costs: Mapping[str, int]) -> int:
-        """Annotate the pods `selector` picks with their cost of deletion (a pod
-        named in `costs` gets its value, any other 0), so that a scale-down stops
-        the cheapest pods first; returns the pods changed."""
+    def pods(self, namespace: str, selector: str) -> dict[str, str | None]:
+        """The pods `selector` picks (none for an empty selector), each name with the
+        cost of deletion it is annotated with now (None: not annotated)."""
         if not selector:
-            return 0
+            return {}
         listed = _call(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        changed = 0
+        found: dict[str, str | None] = {}
         for pod in listed.get("items") or ():
             meta = pod.get("metadata") or {}
-            cost = str(costs.get(str(meta.get("name")), 0))
-            if (meta.get("annotations") or {}).get(DELETION_COST) == cost:
+            found[str(meta.get("name"))] = (meta.get("annotations") or {}).get(DELETION_COST)
+        return found
+
+    def mark_deletion_costs(
+        self, namespace: str, pods: Mapping[str, str | None], costs: Mapping[str, int]
+    ) -> int:
+        """Annotate `pods` (as `pods()` listed them) with their cost of deletion (a
+        pod named in `costs` gets its value, any other 0), so that a scale-down
+        stops the cheapest pods first; returns the pods changed."""
+        changed = 0
+        for name, marked in pods.items():
+            cost = str(costs.get(name, 0))
+            if marked == cost:
                 continue
             body = {"metadata": {"annotations": {DELETION_COST: cost}}}
-            _call(self.core.patch_namespaced_pod, meta.get("name"), namespace, body, patch=True)
+            _call(self.core.patch_namespaced_pod, name, namespace, body, patch=True)
             changed += 1
         return changed
 

@@ -154,13 +154,17 @@ def _reconcile(
     if limits.min_replicas > limits.max_replicas:
         raise ValueError(f"minReplicas {limits.min_replicas} > maxReplicas {limits.max_replicas}")
     replicas = kube.read_replicas(ref.namespace, spec.target)
+    pods = kube.pods(ref.namespace, replicas.selector)
     deployment = kube.read_deployment(ref.namespace, spec.target)
     conflicts = pool_inputs.other_controllers(kube, ref.namespace, ref.name, spec.target)
     cover = _coverage(database_url, spec, state, deployment)
     age = queue_status.queue_age(database_url, cover.counted)
     if cover.handled is not None and not spec.job_types:
         cover = _name_unhandled(database_url, cover, age.ready_jobs)
-    loads = workers.loads(database_url, spec.job_types)
+    # Only the target's own workers (a worker's host name is its pod's name): the
+    # database also serves other Deployments, other releases and workers outside
+    # Kubernetes, whose jobs no replica of the target holds.
+    loads = [w for w in workers.loads(database_url, spec.job_types) if w.host in pods]
     per, source = pool_inputs.jobs_per_replica(
         spec.jobs_per_replica, deployment, (w.concurrency for w in loads)
     )
@@ -177,7 +181,7 @@ def _reconcile(
     decision = decide(limits, replicas.spec, sample, state.memory, now, hold=hold)
     state.memory = decision.memory
     status: dict[str, Any] = {}
-    if hold is None and _scale(kube, ref, spec, replicas, decision, loads):
+    if hold is None and _scale(kube, ref, spec, replicas, decision, pods, loads):
         status["lastScaleTime"] = now_rfc3339()
     metrics.record_replicas(f"{ref.namespace}/{ref.name}", decision.desired, replicas.status)
     message = decision.message + f"; {per} jobs per replica from {source}"
@@ -214,16 +218,17 @@ def _scale(
     spec: PoolSpec,
     replicas: Replicas,
     decision: Decision,
+    pods: Mapping[str, str | None],
     loads: list[workers.WorkerLoad],
 ) -> bool:
     """Apply a decision; True when the replicas changed."""
     if decision.desired < replicas.spec:
-        # A worker's host name is its pod's name: busy pods cost their jobs, idle
-        # ones nothing, so the ReplicaSet stops idle ones first.
+        # Busy pods cost their jobs, idle ones nothing, so the ReplicaSet stops
+        # idle ones first (`loads` holds the workers of `pods` only).
         costs: dict[str, int] = {}
         for w in loads:
             costs[w.host] = costs.get(w.host, 0) + w.running
-        kube.mark_deletion_costs(ref.namespace, replicas.selector, costs)
+        kube.mark_deletion_costs(ref.namespace, pods, costs)
     if decision.desired == replicas.spec:
         return False
     kube.set_replicas(ref.namespace, spec.target, decision.desired)

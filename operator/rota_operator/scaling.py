@@ -14,7 +14,8 @@ The policy, one poll at a time:
    `ConflictingController`).
 1. Jobs in flight set a floor: never fewer replicas than the pool's running
    jobs need, ceil(jobs held by its live workers / slots per replica), nor
-   than the replicas that hold one (`JobsRunning`). Every other rule decides
+   than the replicas that hold one (`JobsRunning`); its workers are those of
+   the target's pods only (pools.py). Every other rule decides
    above it, immediately: a scale-down removes only replicas that would be
    idle, and the operator marks the busy pods so that Kubernetes stops an idle
    one (see pools.py).
@@ -91,9 +92,9 @@ class QueueSample:
     running_jobs: int = 0
     """Running jobs of the pool's types, whoever holds them."""
     held_jobs: int = 0
-    """Running jobs held by the pool's live workers (from the worker registry)."""
+    """Running jobs held by the live workers of the target's pods (the worker registry)."""
     busy_replicas: int = 0
-    """Live workers of the pool that hold at least one running job."""
+    """Live workers of the target's pods that hold at least one running job."""
     slots_per_replica: int = 1
     """Jobs one replica runs at once: the largest concurrency its workers registered."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from kopf.testing import KopfRunner
 from kube_client import Api, wait_for
-from test_workerpools import DEPLOYMENTS, NS, POOLS, add_ready_jobs, worker_pool
+from test_workerpools import DEPLOYMENTS, NS, PODS, POOLS, add_ready_jobs, pod, worker_pool
 
 from rota import workers
 
@@ -167,6 +167,7 @@ def test_types_no_registered_worker_handles_are_not_counted(
 ) -> None:
     workers.register(conn, workers.WorkerInfo("w1", 1, ("email.send",), host="mailer-1"))
     kube_api.create(DEPLOYMENTS, worker_deployment("mailer", 1, "--concurrency=1"))
+    kube_api.create(PODS, pod("mailer-1", "mailer"))
     add_ready_jobs(conn, 2, age_seconds=900, type_="email.send")
     add_ready_jobs(conn, 40, age_seconds=900, type_="nobody.handles")
     kube_api.create(POOLS, worker_pool("mailer", "mailer", jobTypes=None, maxReplicas=10))

@@ -16,6 +16,7 @@ from kube_client import Api, wait_for
 from prometheus_client import generate_latest
 
 import rota
+from rota import workers
 from rota_operator import kube, metrics
 from tests.acceptance.procs import WorkerProcess
 
@@ -33,6 +34,11 @@ def deployment(name: str, replicas: int) -> dict[str, Any]:
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}},
         "status": {"replicas": replicas},
     }
+
+
+def pod(name: str, app: str) -> dict[str, Any]:
+    """A pod the Deployment `app` would own (the emulator stores it, never runs it)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": app}}}
 
 
 def worker_pool(name: str, target: str, **spec: Any) -> dict[str, Any]:
@@ -163,9 +169,8 @@ def test_long_jobs_on_an_empty_queue_hold_the_replicas_that_run_them(
     conn.execute("CREATE TABLE gate (job_id bigint PRIMARY KEY)")
     host = socket.gethostname()  # a worker's host name: in a cluster, its pod's name
     kube_api.create(DEPLOYMENTS, deployment("longs", 3))
-    for pod in (host, "longs-idle"):
-        kube_api.create(PODS, {"apiVersion": "v1", "kind": "Pod",
-                               "metadata": {"name": pod, "labels": {"app": "longs"}}})  # fmt: skip
+    for name in (host, "longs-idle"):
+        kube_api.create(PODS, pod(name, "longs"))
     ids = rota.enqueue_many(conn, [rota.NewJob("gated"), rota.NewJob("gated")])
     for _ in ids:
         WorkerProcess(db_url, "--types", "gated", "--concurrency", "1", "--no-scheduler")
@@ -226,3 +231,63 @@ def test_jobs_a_limit_holds_back_do_not_scale_the_pool(
     limited = [e for e in kube_api.events(NS, "pay") if e["reason"] == "Limited"]
     assert [e["message"] for e in limited] == ["a limit holds jobs of payment back: not scaled for"]
     assert "held back by limits (not scaled for): payment" in _ready(kube_api, "pay")["message"]  # type: ignore[index]
+
+
+def test_only_the_workers_of_the_targets_pods_count(
+    operator: KopfRunner, kube_api: Api, conn: psycopg.Connection[Any]
+) -> None:
+    """Workers of another Deployment and one outside Kubernetes share the database
+    and the pool's types: their jobs are no floor for the pool."""
+    kube_api.create(DEPLOYMENTS, deployment("senders", 2))
+    kube_api.create(DEPLOYMENTS, deployment("others", 5))
+    hosts = {"senders": ["senders-a", "senders-b"], "others": [f"others-{i}" for i in range(5)]}
+    for app, names in hosts.items():
+        for name in names:
+            kube_api.create(PODS, pod(name, app))
+    # The pool's own workers run one job at a time; the others (every type, as
+    # without --types) run four, the laptop's eight, and all of those are busy.
+    busy: dict[str, str] = {"senders-a": "email.send", "laptop": "report"}
+    for name in hosts["senders"]:
+        workers.register(conn, workers.WorkerInfo(name, 1, ("email.send",), host=name))
+    for name in hosts["others"]:
+        workers.register(conn, workers.WorkerInfo(name, 4, ("email.send", "report"), host=name))
+        busy[name] = "report"
+    workers.register(conn, workers.WorkerInfo("laptop", 8, ("email.send", "report"), host="laptop"))
+    for worker, type_ in busy.items():
+        (job_id,) = rota.enqueue_many(conn, [rota.NewJob(type_)])
+        conn.execute(
+            "UPDATE rota.job SET status = 'running', locked_by = %(w)s, attempts = 1,"
+            " locked_until = now() + interval '1 hour' WHERE id = %(id)s",
+            {"w": worker, "id": job_id},
+        )
+    kube_api.create(POOLS, worker_pool("senders", "senders", scaleDownStabilizationSeconds=1))
+
+    pool = wait_for(
+        lambda: (
+            controller(kube_api, "senders") == 1
+            and _status(kube_api, "senders", "decidedBy", "JobsRunning")
+        ),
+        what="down to the one busy pod of the target",
+    )
+    status = pool["status"]
+    assert (status["busyReplicas"], status["minReplicasForRunningJobs"]) == (1, 1), status
+    assert (status["runningJobs"], status["jobsPerReplica"]) == (1, 1), status
+    costs = {
+        p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(kube.DELETION_COST)
+        for p in kube_api.get(PODS)["items"]
+    }
+    assert costs == {"senders-a": "1", "senders-b": "0"} | dict.fromkeys(hosts["others"]), costs
+
+    conn.execute(
+        "UPDATE rota.job SET status = 'done', finished_at = now() WHERE type = 'email.send'"
+    )
+    pool = wait_for(
+        lambda: (
+            controller(kube_api, "senders") == 0
+            and _status(kube_api, "senders", "decidedBy", "QueueEmpty")
+        ),
+        what="scaled to zero while the others stay busy",
+    )
+    status = pool["status"]
+    assert (status["busyReplicas"], status["minReplicasForRunningJobs"]) == (0, 0), status
+    assert _count(conn, "SELECT count(*) FROM rota.job WHERE status = 'running'") == 6
