@@ -6,13 +6,13 @@ skip and say why.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from chart_support import Render, fetch_helm, template_text
+from chart_support import Render, fetch_helm, notes_chart, template_text
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +29,30 @@ def render(helm: Path) -> Render:
     """Render the chart and return its objects, parsed."""
 
     def _render(
-        values: Sequence[Path] = (), sets: Sequence[str] = (), api_versions: Sequence[str] = ()
+        values: Sequence[Path] = (),
+        sets: Sequence[str] = (),
+        api_versions: Sequence[str] = (),
+        set_strings: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
-        text = template_text(helm, values, sets, api_versions)
+        text = template_text(helm, values, sets, api_versions, set_strings)
         return [doc for doc in yaml.safe_load_all(text) if doc]
 
     return _render
+
+
+@pytest.fixture(scope="session")
+def notes(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    """The chart's NOTES.txt as `helm install` would print it, for the given values."""
+    chart = notes_chart(tmp_path_factory.mktemp("notes"))
+
+    def _notes(values: Sequence[Path] = (), sets: Sequence[str] = ()) -> str:
+        text = template_text(helm, values, sets, chart=chart)
+        (config,) = [
+            doc
+            for doc in yaml.safe_load_all(text)
+            if doc and doc["metadata"]["name"] == "release-notes"
+        ]
+        notes: str = config["data"]["notes"]
+        return notes
+
+    return _notes

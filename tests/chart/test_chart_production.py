@@ -193,3 +193,41 @@ def test_the_instance_labels_the_release_s_pool_and_peering(
 def test_typos_in_the_new_keys_are_refused(helm: Path, typo: str) -> None:
     done = run_helm(helm, "template", "rota", str(CHART), "--set", typo)
     assert done.returncode != 0, typo
+
+
+def test_the_hooks_job_takes_the_operator_s_pod_settings(
+    everything: list[dict[str, Any]],
+) -> None:
+    """It runs in the operator's image beside it: an injected sidecar, a proxy or a
+    CA bundle the operator needs, the hook Job needs as well."""
+    values = yaml.safe_load(ALL_OPTIONS.read_text())["operator"]
+    (job,) = [
+        o for o in everything
+        if o["kind"] == "Job" and o["metadata"]["labels"]["app.kubernetes.io/component"] == "hooks"
+    ]  # fmt: skip
+    template = job["spec"]["template"]
+    spec = template["spec"]
+    assert values["podAnnotations"].items() <= template["metadata"]["annotations"].items()
+    assert values["podLabels"].items() <= template["metadata"]["labels"].items()
+    assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "hooks"
+    assert spec["nodeSelector"] == values["nodeSelector"]
+    assert spec["tolerations"] == values["tolerations"]
+    assert spec["affinity"] == values["affinity"]
+    assert values["extraVolumes"][0] in spec["volumes"]
+    (container,) = spec["containers"]
+    assert container["env"] == values["extraEnv"]
+    assert values["extraVolumeMounts"][0] in container["volumeMounts"]
+
+
+def test_the_hooks_get_a_role_only_where_they_have_rules(render: Render) -> None:
+    """Peering in other namespaces, nothing to do in the release's: no empty Role there."""
+    objects = render(sets=["operator.peering.enabled=true", "operator.watchNamespaces={team-a}"])
+    hooks = [
+        o for o in objects
+        if o["metadata"]["labels"].get("app.kubernetes.io/component") == "hooks"
+    ]  # fmt: skip
+    roles = {o["metadata"]["namespace"]: o for o in hooks if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"] for o in hooks if o["kind"] == "RoleBinding"}
+    assert sorted(roles) == sorted(bindings) == ["team-a"]
+    for role in roles.values():
+        assert role["rules"], role["metadata"]

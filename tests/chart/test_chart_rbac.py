@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import pytest
-from chart_support import CHART, ROOT, Render
+from chart_support import ALL_OPTIONS, CHART, ROOT, Render
 
 OPERATOR = ROOT / "operator" / "rota_operator"
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -176,3 +176,41 @@ def test_workers_get_no_api_token(render: Render) -> None:
         name = obj["metadata"]["name"]
         if obj["kind"] == "Deployment" and not name.endswith("-operator"):
             assert obj["spec"]["template"]["spec"]["automountServiceAccountToken"] is False, name
+
+
+def _watched(objects: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(ROTA_NAMESPACES of the operator, namespaces of its Roles)."""
+    (deployment,) = [
+        o for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["labels"]["app.kubernetes.io/component"]
+        == "operator"
+    ]  # fmt: skip
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
+    roles = [
+        o["metadata"]["namespace"] for o in objects
+        if o["kind"] == "Role" and o["metadata"]["labels"]["app.kubernetes.io/component"]
+        == "operator"
+    ]  # fmt: skip
+    return env["ROTA_NAMESPACES"].split(",") if env["ROTA_NAMESPACES"] else [], sorted(roles)
+
+
+def test_the_operator_watches_the_namespace_of_the_release_s_own_pool(render: Render) -> None:
+    """The chart's WorkerPool lives in the release namespace: the operator must see it."""
+    listed = ["operator.watchNamespaces={team-a,team-b}"]
+    names, roles = _watched(render(sets=[*listed, "worker.enabled=true"]))
+    assert names == ["team-a", "team-b", "rota"]
+    assert roles == ["rota", "team-a", "team-b"]
+    all_options = render(values=[ALL_OPTIONS])
+    assert _watched(all_options) == (["team-a", "team-b", "rota"], ["rota", "team-a", "team-b"])
+    # Without the chart's pool nothing of the release needs the operator there.
+    for sets in ([], ["worker.enabled=true", "worker.pool.enabled=false"]):
+        assert _watched(render(sets=[*listed, *sets])) == (
+            ["team-a", "team-b"],
+            ["team-a", "team-b"],
+        )
+    # Listed already: once; every namespace: no Role at all.
+    listed_too = render(sets=["operator.watchNamespaces={rota,team-a}", "worker.enabled=true"])
+    assert _watched(listed_too) == (["rota", "team-a"], ["rota", "team-a"])
+    everywhere = render(sets=["operator.watchNamespaces={*}", "worker.enabled=true"])
+    assert _watched(everywhere) == ([], [])

@@ -211,7 +211,10 @@ def test_database_url_comes_from_the_secret(render: Render) -> None:
             pod = _pod_spec(obj)
             for container in (pod or {}).get("containers", []):
                 if container["name"] == "chart-hooks":
-                    assert "env" not in container  # the console's key maker needs no database
+                    # The console's key maker needs no database: only operator.extraEnv.
+                    names = {e["name"] for e in container.get("env", [])}
+                    assert "ROTA_DATABASE_URL" not in names
+                    assert not {n for n in names if n.startswith("PG")}
                     continue
                 (env,) = [e for e in container["env"] if e["name"] == "ROTA_DATABASE_URL"]
                 wanted = owner if container["name"] == "migrate" else secret
@@ -256,7 +259,8 @@ def test_more_than_one_operator_needs_peering(helm: Path) -> None:
 def test_peering_objects_are_ordinary_once_their_crds_are_served(render: Render) -> None:
     objects = render(values=[ALL_OPTIONS])
     peerings = [o for o in objects if o["kind"] == "KopfPeering"]
-    assert {o["metadata"]["namespace"] for o in peerings} == {"team-a", "team-b"}
+    # The release's namespace too: the operator watches it for the chart's WorkerPool.
+    assert {o["metadata"]["namespace"] for o in peerings} == {"team-a", "team-b", "rota"}
     for peering in peerings:
         assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install"
     served = ["kopf.dev/v1/ClusterKopfPeering", "kopf.dev/v1/KopfPeering"]
@@ -359,3 +363,41 @@ def test_the_default_images_are_the_release_the_chart_ships_with(render: Render)
         for c in o["spec"]["template"]["spec"]["containers"]
     }
     assert images == {f"rota-operator:{version[1]}", f"rota-worker:{version[1]}"}, images
+
+
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.mark.parametrize("release", ["1prod", "rota", "7up-rota", "prod.eu"])
+def test_every_name_is_a_dns_label_whatever_the_release_name(helm: Path, release: str) -> None:
+    """Service names must be DNS-1035 labels (a letter first); helm allows a digit first."""
+    sets = ["worker.enabled=true", "web.enabled=true", "exporter.enabled=true",
+            "operator.peering.enabled=true", "metrics.dashboard.enabled=true"]  # fmt: skip
+    args = [a for s in sets for a in ("--set", s)]
+    done = run_helm(helm, "template", release, str(CHART), "--namespace", "rota", *args)
+    assert done.returncode == 0, done.stderr
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    for obj in yaml.safe_load_all(done.stdout):
+        if obj and obj["kind"] not in cluster_scoped:
+            name = obj["metadata"]["name"]
+            assert DNS_1035.match(name) and len(name) <= 63, (obj["kind"], name)
+            assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["fullnameOverride=Rota", "fullnameOverride=1rota", "nameOverride=my_rota",
+     "nameOverride=rota-", "fullnameOverride=" + "r" * 64],
+)  # fmt: skip
+def test_name_overrides_must_be_dns_labels(helm: Path, override: str) -> None:
+    done = run_helm(helm, "template", "rota", str(CHART), "--set", override)
+    assert done.returncode != 0, override
+    assert override.split("=")[0] in done.stderr, done.stderr
+
+
+def test_a_pool_s_minimum_cannot_exceed_its_maximum(helm: Path) -> None:
+    sets = ["worker.enabled=true", "worker.pool.minReplicas=5", "worker.pool.maxReplicas=2"]
+    args = [a for s in sets for a in ("--set", s)]
+    done = run_helm(helm, "template", "rota", str(CHART), *args)
+    assert done.returncode != 0
+    assert "worker.pool.minReplicas (5) must not exceed worker.pool.maxReplicas (2)" in done.stderr

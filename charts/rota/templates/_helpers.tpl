@@ -11,16 +11,23 @@ Names and labels shared by every template.
 The prefix of every resource name: fullnameOverride, or the release name plus the
 chart name unless the release name already contains it. Truncated to 63
 characters because some Kubernetes name fields are limited to that (DNS labels).
+A Service's name must start with a letter (DNS-1035) and hold no dot, while helm
+allows release names like "1prod" or "prod.eu": dots become '-', and a release
+name that starts with a digit follows the chart name ("rota-1prod").
+values.schema.json holds both overrides to DNS-1035 labels.
 */}}
 {{- define "rota.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
-{{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- $release := .Release.Name | replace "." "-" }}
+{{- if regexMatch "^[0-9]" $release }}
+{{- printf "%s-%s" $name $release | trunc 63 | trimSuffix "-" }}
+{{- else if contains $name $release }}
+{{- $release | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" $release $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -35,17 +42,54 @@ characters because some Kubernetes name fields are limited to that (DNS labels).
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+Label keys the chart owns, which users' labels (commonLabels, podLabels, the
+monitoring objects' labels) must not set: the selector labels (they pick a
+component's pods; a pod whose labels differ from its Deployment's selector is
+refused), managed-by (Helm's ownership) and rota.dev/instance (which operator
+installation handles an object: operator.instance). Setting one fails the render.
+Call with (dict "labels" .Values.commonLabels "where" "commonLabels").
+*/}}
+{{- define "rota.refuseOwnLabels" -}}
+{{- $own := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "app.kubernetes.io/managed-by" "rota.dev/instance" }}
+{{- range $key, $_ := .labels }}
+{{- if has $key $own }}
+{{- fail (printf "%s must not set %s: the chart sets it, and the release's selectors and owners rely on it" $.where $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A resource's labels, each key once: the chart's, then commonLabels, then the
+object's own (labels, named by where, e.g. metrics.dashboard.labels), each
+replacing the ones before (app.kubernetes.io/part-of, say); the keys of
+rota.refuseOwnLabels come last and only from the chart.
+Call with (dict "root" $ "component" "worker" "labels" ... "where" ...); component,
+labels and where are optional.
+*/}}
+{{- define "rota.labelMap" -}}
+{{- $root := .root }}
+{{- $labels := dict "helm.sh/chart" (include "rota.chart" $root) "app.kubernetes.io/version" (toString $root.Chart.AppVersion) "app.kubernetes.io/part-of" "rota" }}
+{{- include "rota.refuseOwnLabels" (dict "labels" $root.Values.commonLabels "where" "commonLabels") }}
+{{- range $key, $value := $root.Values.commonLabels }}
+{{- $_ := set $labels $key (toString $value) }}
+{{- end }}
+{{- include "rota.refuseOwnLabels" (dict "labels" .labels "where" .where) }}
+{{- range $key, $value := .labels }}
+{{- $_ := set $labels $key (toString $value) }}
+{{- end }}
+{{- $_ := set $labels "app.kubernetes.io/name" (include "rota.name" $root) }}
+{{- $_ := set $labels "app.kubernetes.io/instance" $root.Release.Name }}
+{{- $_ := set $labels "app.kubernetes.io/managed-by" $root.Release.Service }}
+{{- with .component }}
+{{- $_ := set $labels "app.kubernetes.io/component" . }}
+{{- end }}
+{{- toYaml $labels }}
+{{- end }}
+
 {{/* Labels on every resource. */}}
 {{- define "rota.labels" -}}
-helm.sh/chart: {{ include "rota.chart" . }}
-app.kubernetes.io/name: {{ include "rota.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: rota
-{{- with .Values.commonLabels }}
-{{ toYaml . }}
-{{- end }}
+{{- include "rota.labelMap" (dict "root" .) }}
 {{- end }}
 
 {{/* Labels that select one component's pods; call with (dict "root" $ "component" "operator"). */}}
@@ -57,8 +101,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* All labels of one component's resources. */}}
 {{- define "rota.componentLabels" -}}
-{{ include "rota.labels" .root }}
-app.kubernetes.io/component: {{ .component }}
+{{- include "rota.labelMap" (dict "root" .root "component" .component) }}
 {{- end }}
 
 {{/* The operator's ServiceAccount name. */}}
@@ -156,13 +199,21 @@ call with (dict "root" $ "values" .Values.worker).
 {{- end }}
 {{- end }}
 
-{{/* A pod template's metadata: selector labels, podLabels, podAnnotations. */}}
+{{/*
+A pod template's metadata: podLabels under the selector labels (which they must
+not set, see rota.refuseOwnLabels), podAnnotations. Call with (dict "root" $
+"component" "migrate" "values" $mig "section" "migrations"); section (the
+values.yaml section, for messages) defaults to the component.
+*/}}
 {{- define "rota.podMetadata" -}}
+{{- $where := printf "%s.podLabels" (.section | default .component) }}
+{{- include "rota.refuseOwnLabels" (dict "labels" .values.podLabels "where" $where) }}
+{{- $labels := dict }}
+{{- range $key, $value := .values.podLabels }}
+{{- $_ := set $labels $key (toString $value) }}
+{{- end }}
 labels:
-  {{- include "rota.selectorLabels" (dict "root" .root "component" .component) | nindent 2 }}
-  {{- with .values.podLabels }}
-  {{- toYaml . | nindent 2 }}
-  {{- end }}
+  {{- toYaml (merge (include "rota.selectorLabels" . | fromYaml) $labels) | nindent 2 }}
 {{- with .values.podAnnotations }}
 annotations:
   {{- toYaml . | nindent 2 }}
@@ -266,11 +317,18 @@ when the CRDs are managed elsewhere, or set crds.kopfPeering to true or false.
 {{/*
 The namespaces the operator watches, comma-separated for ROTA_NAMESPACES:
 operator.watchNamespaces, or the release's own namespace when it is empty; ""
-(every namespace) when it is ["*"].
+(every namespace) when it is ["*"]. The chart's own WorkerPool (worker.enabled
+with worker.pool.enabled) lives in the release's namespace, so a list without it
+gets it added: the operator must see the pool to scale the workers.
 */}}
 {{- define "rota.watchedNamespaces" -}}
 {{- $list := .Values.operator.watchNamespaces | default (list .Release.Namespace) }}
-{{- if has "*" $list }}{{- else }}{{ join "," $list }}{{- end }}
+{{- if not (has "*" $list) }}
+{{- if and .Values.worker.enabled .Values.worker.pool.enabled }}
+{{- $list = append $list .Release.Namespace | uniq }}
+{{- end }}
+{{- join "," $list }}
+{{- end }}
 {{- end }}
 
 {{/* "true" when the operator watches every namespace (operator.watchNamespaces: ["*"]). */}}
