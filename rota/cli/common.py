@@ -106,6 +106,15 @@ def parse_duration(text: str, what: str) -> float:
     return limits.delay_seconds(seconds, what)
 
 
+def decimal(text: str) -> float:
+    """argparse type: a number in ASCII digits, with an optional sign, point and
+    exponent (`1.5`, `2e3`); ValueError for what else float() takes (another
+    script's digits, `_` between digits, spaces, nan, inf)."""
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)
+
+
 _WHOLE = re.compile(r"-?[0-9]+")
 
 
@@ -152,7 +161,7 @@ def checked(convert: Callable[[str], T], check: Callable[[T, str], object]) -> C
 def unique_flags(parser: Any, for_help: str, active_help: str) -> None:
     """--unique-for SECONDS and --unique-active, one or the other."""
     unique = parser.add_mutually_exclusive_group()
-    unique.add_argument("--unique-for", type=float, metavar="SECONDS", help=for_help)
+    unique.add_argument("--unique-for", type=decimal, metavar="SECONDS", help=for_help)
     unique.add_argument("--unique-active", action="store_true", help=active_help)
 
 

@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any
 
-from rota.cli.common import UsageError, database_url, whole_number
+from rota.cli.common import UsageError, database_url, decimal, whole_number
 from rota.metrics import MetricsSettings, metrics_page, queue_registry, serve_pages
 
 log = logging.getLogger("rota")
@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--cache",
-        type=float,
+        type=decimal,
         default=5.0,
         metavar="SECONDS",
         help="scrapes within this many seconds share one read of the database (default 5)",

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from rota import flow
-from rota.cli.common import UsageError, database_url, positive_int, print_json, table
+from rota.cli.common import UsageError, database_url, decimal, positive_int, print_json, table
 
 
 def register(sub: Any) -> None:
@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
         "--group-concurrency", type=positive_int, metavar="N", help="at most N running per group"
     )
     s.add_argument("--rate", type=positive_int, metavar="N", help="at most N starts per --per")
-    s.add_argument("--per", type=float, metavar="SECONDS", help="the window of --rate")
+    s.add_argument("--per", type=decimal, metavar="SECONDS", help="the window of --rate")
     s.set_defaults(func=cmd_set)
 
     c = verbs.add_parser("clear", help="remove every limit of a type")

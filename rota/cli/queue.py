@@ -10,6 +10,7 @@ from rota.cli.common import (
     UsageError,
     checked,
     database_url,
+    decimal,
     parse_instant,
     parse_json,
     positive_int,
@@ -41,7 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key: an existing key prints the existing id")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--run-at", help="ISO-8601 instant to run at (UTC when no offset)")
-    when.add_argument("--delay", type=checked(float, limits.delay_seconds), help="seconds from now")
+    when.add_argument(
+        "--delay", type=checked(decimal, limits.delay_seconds), help="seconds from now"
+    )
     # --max-attempts follows the rule of the API
     p.add_argument("--max-attempts", type=checked(whole_number, limits.whole))
     p.add_argument(
@@ -51,7 +54,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=checked(float, limits.timeout_seconds),
+        type=checked(decimal, limits.timeout_seconds),
         metavar="SECONDS",
         help="time limit of each attempt",
     )

@@ -16,6 +16,7 @@ from rota.cli.common import (
     UsageError,
     checked,
     database_url,
+    decimal,
     non_negative_int,
     parse_instant,
     parse_json,
@@ -55,7 +56,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=checked(float, limits.timeout_seconds),
+        type=checked(decimal, limits.timeout_seconds),
         metavar="SECONDS",
         help="each job's time limit",
     )

@@ -17,7 +17,7 @@ from typing import Any
 from rota import db, limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
 from rota.cli import timeouts
-from rota.cli.common import checked, database_url, parse_duration, whole_number
+from rota.cli.common import checked, database_url, decimal, parse_duration, whole_number
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.metrics import Page, serve_pages
 from rota.migrate import require_current
@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("reaper", help="run only the reaper loop")
     p.add_argument(
         "--interval",
-        type=checked(float, limits.interval_seconds),
+        type=checked(decimal, limits.interval_seconds),
         default=5.0,
         metavar="SECONDS",
         help="seconds between passes (default 5)",

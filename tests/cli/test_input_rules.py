@@ -81,6 +81,22 @@ def test_whole_numbers_are_ascii_digits_only(capsys, monkeypatch, argv, number) 
     assert "not a job id" in err or "not a whole number" in err, err
 
 
+@pytest.mark.parametrize("number", ["\u0663", "1_0", " 3", "\uff13", "nan"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["enqueue", "t", "--delay"],
+        ["enqueue", "t", "--timeout"],
+        ["enqueue", "t", "--key", "k", "--unique-for"],
+        ["limit", "set", "t", "--rate", "1", "--per"],
+        ["schedule", "add", "s", "--type", "t", "--cron", "* * * * *", "--timeout"],
+    ],
+)
+def test_numbers_of_seconds_are_ascii_digits_only(capsys, monkeypatch, argv, number) -> None:
+    # float() takes them all: another script's digits, `_` between digits, spaces.
+    refused(capsys, monkeypatch, *argv, number)
+
+
 def test_a_duration_s_number_is_ascii_digits_only(capsys, monkeypatch) -> None:
     assert "not a duration" in refused(capsys, monkeypatch, "archive", "--older-than", "1_0d")
     assert "not a duration" in refused(capsys, monkeypatch, "archive", "--older-than", "\u0663d")

@@ -18,7 +18,14 @@ from typing import Any
 
 from rota import handlers, limits
 from rota.cli import timeouts
-from rota.cli.common import UsageError, checked, database_url, port_number, positive_int
+from rota.cli.common import (
+    UsageError,
+    checked,
+    database_url,
+    decimal,
+    port_number,
+    positive_int,
+)
 from rota.db import connect
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import check_served
@@ -48,20 +55,23 @@ def register(sub: Any) -> None:
     p.add_argument("--types", help="comma-separated job types to claim (default: all handled)")
     p.add_argument("--concurrency", type=positive_int, default=10)
     p.add_argument(
-        "--lease", type=checked(float, limits.lease_seconds), default=30.0, metavar="SECONDS"
+        "--lease", type=checked(decimal, limits.lease_seconds), default=30.0, metavar="SECONDS"
     )
     p.add_argument(
-        "--grace-period", type=checked(float, limits.delay_seconds), default=25.0, metavar="SECONDS"
+        "--grace-period",
+        type=checked(decimal, limits.delay_seconds),
+        default=25.0,
+        metavar="SECONDS",
     )
     p.add_argument(
         "--poll-interval",
-        type=checked(float, limits.interval_seconds),
+        type=checked(decimal, limits.interval_seconds),
         default=1.0,
         metavar="SECONDS",
     )
     p.add_argument(
         "--job-timeout",
-        type=float,
+        type=decimal,
         metavar="SECONDS",
         help="time limit of an attempt whose job and handler set none (default: none)",
     )
@@ -87,14 +97,14 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=port_number, metavar="PORT")
     p.add_argument(
         "--loop-stall",
-        type=checked(float, limits.interval_seconds),
+        type=checked(decimal, limits.interval_seconds),
         metavar="SECONDS",
         help="the event loop not turning for this long is a stall, logged and counted in"
         f" rota_worker_loop_stalls_total (default: {LOOP_STALL_ENV} or 1)",
     )
     p.add_argument(
         "--startup-wait",
-        type=checked(float, limits.delay_seconds),
+        type=checked(decimal, limits.delay_seconds),
         default=STARTUP_WAIT_SECONDS,
         metavar="SECONDS",
         help="how long to wait at start for the database to answer with Rota's current"
@@ -105,7 +115,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="Rota on an embedded PostgreSQL with sample jobs")
-    p.add_argument("--seconds", type=float, help="stop after this long (default: Ctrl-C)")
+    p.add_argument("--seconds", type=decimal, help="stop after this long (default: Ctrl-C)")
     p.add_argument(
         "--port",
         type=port_number,
@@ -120,7 +130,7 @@ STARTUP_WAIT_SECONDS = 60.0
 
 
 def _loop_stall(args: argparse.Namespace, default: float) -> float:
-    parse = checked(float, limits.interval_seconds)
+    parse = checked(decimal, limits.interval_seconds)
     seconds = timeouts.option_or_env(args.loop_stall, LOOP_STALL_ENV, parse)
     return default if seconds is None else float(seconds)
 
