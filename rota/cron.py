@@ -241,6 +241,16 @@ class Schedule:
                 yield _day_slots(self.cron, self.zone, day)
 
 
+def same_slots(first: str, second: str) -> bool:
+    """Whether two expressions name the same slots however written (spacing,
+    `@hourly` for `0 * * * *`); False when either does not parse."""
+    try:
+        one, other = parse(first), parse(second)
+    except InvalidInput:
+        return False
+    return dataclasses.replace(one, expr="") == dataclasses.replace(other, expr="")
+
+
 @functools.lru_cache(maxsize=4096)
 def _day_slots(cron: Cron, tz: ZoneInfo, day: date) -> tuple[datetime, ...]:
     """Every slot of one local calendar day, as sorted UTC instants."""

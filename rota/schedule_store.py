@@ -160,8 +160,12 @@ def upsert(
 
 
 def _timing_changed(old: dict[str, Any], spec: ScheduleSpec) -> bool:
+    """Resumed, or other slots: a cron written another way (spacing, `@hourly` for
+    `0 * * * *`) keeps its slots, and a slot already due stays due."""
     resumed = old["suspend"] and not spec.suspend
-    return bool(resumed or old["cron"] != spec.cron or old["timezone"] != spec.timezone)
+    return bool(
+        resumed or old["timezone"] != spec.timezone or not cron.same_slots(old["cron"], spec.cron)
+    )
 
 
 def remove(conn_or_dsn: ConnOrDsn, name: str) -> bool:

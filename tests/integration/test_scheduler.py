@@ -245,6 +245,15 @@ def test_changing_the_cron_recomputes_next_run(conn: Conn) -> None:
     assert changed["next_run_at"] == utc(2026, 1, 1, 9, 45)
 
 
+def test_a_cron_written_another_way_keeps_a_due_slot(conn: Conn) -> None:
+    # The same slots written differently (spacing, @hourly) are no change of
+    # timing: a slot already due stays due rather than being dropped uncounted.
+    add(conn, utc(2026, 1, 1, 8, 30))
+    for cron in ("0  *  * * *", "@hourly", "0 0-23 * * *"):
+        same = add(conn, utc(2026, 1, 1, 9, 30), cron=cron)
+        assert same["next_run_at"] == utc(2026, 1, 1, 9), cron
+
+
 def test_changes_are_notified(db_url: str, conn: Conn) -> None:
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN rota_schedule")
