@@ -18,6 +18,7 @@ Never used to write: these classes are only what a reader shows.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -101,6 +102,17 @@ class RawJson(str):
     text PostgreSQL printed."""
 
     __slots__ = ()
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0 and C1 control characters, DEL, and the line and paragraph separators."""
+
+
+def shown(text: str) -> str:
+    """`text` for a terminal: each control character escaped as Python's repr
+    writes it (a line break as \\n, ESC as \\x1b), so a value can neither move
+    the cursor nor break a table's line. JSON output keeps the exact text."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
 
 
 def json_of(text: str) -> Any:

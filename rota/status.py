@@ -19,6 +19,7 @@ from rota import limits, sql
 from rota.db import ConnOrDsn, connection, fetch_all
 from rota.flow import Limit, list_limits
 from rota.jobs import Status
+from rota.reading import shown
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -261,6 +262,9 @@ _COLUMNS = ("TYPE", "READY", "DUE", "OLDEST READY", "RUNNING", "WAITING", "DONE"
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
+    """Aligned columns, the first to the left; each cell `shown` (a name's control
+    characters escaped: no value moves the cursor or breaks a line)."""
+    rows = [tuple(shown(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(
@@ -329,6 +333,8 @@ def render(status: QueueStatus, found: Sequence[str] = (), keys: str | None = No
     if status.schedules:
         parts.append("\n" + _table(_schedule_rows(status)))
     parts.append(
-        "\nWarnings:\n" + "".join(f"  ! {w}\n" for w in found) if found else "\nNo warnings.\n"
+        "\nWarnings:\n" + "".join(f"  ! {shown(w)}\n" for w in found)
+        if found
+        else "\nNo warnings.\n"
     )
     return "".join(parts)

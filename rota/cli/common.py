@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from rota import limits
 from rota.errors import InvalidInput
+from rota.reading import shown
 
 T = TypeVar("T")
 
@@ -182,17 +183,6 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be from 0 to 65535: {text!r}")
     return value
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-"""C0 and C1 control characters, DEL, and the line and paragraph separators."""
-
-
-def shown(text: str) -> str:
-    """`text` for a terminal: each control character escaped as Python's repr
-    writes it (a line break as \\n, ESC as \\x1b), so a value can neither move
-    the cursor nor break a table's line. --json keeps the exact text."""
-    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

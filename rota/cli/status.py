@@ -8,7 +8,6 @@ alert fires on never disagree. It only reads; it never changes a row.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -21,11 +20,10 @@ from rota.cli.common import (
     non_negative_int,
     parse_duration,
     print_json,
-    shown,
 )
 from rota.errors import MigrationError
 from rota.migrate import describe_key_index, key_index
-from rota.status import QueueStatus, read_status, render, warnings
+from rota.status import read_status, render, warnings
 
 _CLEAR = "\033[H\033[J"
 
@@ -64,26 +62,13 @@ def _interval(text: str) -> float:
     return seconds
 
 
-def _escaped(status: QueueStatus) -> QueueStatus:
-    """The status with its names `shown` (control characters escaped), for the text view."""
-    return dataclasses.replace(
-        status,
-        types={shown(name): measures for name, measures in status.types.items()},
-        schedules=tuple(
-            dataclasses.replace(s, name=shown(s.name), job_type=shown(s.job_type))
-            for s in status.schedules
-        ),
-        limits=tuple(dataclasses.replace(lim, type=shown(lim.type)) for lim in status.limits),
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     max_age = parse_duration(args.max_age, "--max-age")
     dsn = database_url()
 
     def snapshot() -> dict[str, Any] | str:
         """The JSON document, or the text, of the status now."""
-        status = read_status(dsn) if args.json else _escaped(read_status(dsn))
+        status = read_status(dsn)
         found = warnings(status, max_age, args.max_lease_expirations)
         try:
             keys: str | None = key_index(dsn)
