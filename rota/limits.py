@@ -60,6 +60,28 @@ PRIORITIES = range(10)
 """0 runs first, 9 last (the scale of Oban and of DESIGN.md)."""
 
 
+_WHOLE_TEXT = re.compile(r"-?[0-9]+")
+_NUMBER_TEXT = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def whole_text(text: str) -> int:
+    """A whole number written in ASCII digits, a minus sign allowed; ValueError for
+    what else `int` takes (another script's digits, `_` between digits, a plus
+    sign, spaces). Every door that reads a number typed as text reads it so."""
+    if not _WHOLE_TEXT.fullmatch(text):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def number_text(text: str) -> float:
+    """A number written in ASCII digits with an optional minus sign, point and
+    exponent (`1.5`, `2e3`); ValueError for what else `float` takes (`nan`,
+    `inf`, `1_0`, another script's digits, spaces)."""
+    if not _NUMBER_TEXT.fullmatch(text):
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)
+
+
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidInput(f"{what} must be a number, not {value!r}")

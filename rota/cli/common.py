@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import os
-import re
 import string
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -80,9 +79,6 @@ def parse_instant(text: str, what: str) -> datetime:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 """Units of a duration, in lower case only: m is minutes, and there is no month."""
 
-_NUMBER = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
-"""A duration's number: ASCII digits, a point, an exponent (no `_`, no other digits)."""
-
 
 def parse_duration(text: str, what: str) -> float:
     """Seconds from "90", "90s", "15m", "12h", "7d" or "2w"; the unit's case counts
@@ -92,14 +88,16 @@ def parse_duration(text: str, what: str) -> float:
         raise UsageError(f"{what} must be a number, like 90s, 15m, 12h or 7d: {text!r}")
     number = raw.rstrip(string.ascii_letters)
     unit = raw[len(number) :]
-    if not _NUMBER.fullmatch(number.rstrip()):
-        raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}")
+    try:
+        value = limits.number_text(number.rstrip())
+    except ValueError:
+        raise UsageError(f"{what} is not a duration like 90s, 15m, 12h or 7d: {text!r}") from None
     if unit and unit not in _UNITS:
         raise UsageError(
             f"{what} has an unknown unit {unit!r}: {text!r} (the units are s, m (minutes),"
             " h, d and w, in lower case)"
         )
-    seconds = float(number) * _UNITS.get(unit, 1)
+    seconds = value * _UNITS.get(unit, 1)
     if not math.isfinite(seconds):
         raise UsageError(f"{what} must be a number, like 90s, 15m, 12h or 7d: {text!r}")
     if seconds < 0:
@@ -108,23 +106,16 @@ def parse_duration(text: str, what: str) -> float:
 
 
 def decimal(text: str) -> float:
-    """argparse type: a number in ASCII digits, with an optional sign, point and
-    exponent (`1.5`, `2e3`); ValueError for what else float() takes (another
-    script's digits, `_` between digits, spaces, nan, inf)."""
-    if not _NUMBER.fullmatch(text):
-        raise ValueError(f"not a number: {text!r}")
-    return float(text)
-
-
-_WHOLE = re.compile(r"-?[0-9]+")
+    """argparse type (its name is in argparse's message): `limits.number_text`."""
+    return limits.number_text(text)
 
 
 def whole_number(text: str) -> int:
-    """argparse type: a whole number, any sign, in ASCII digits only (no `+`, no
-    `_`, no spaces, no other script's digits: int() would take them all)."""
-    if not _WHOLE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
-    return int(text)
+    """argparse type: `limits.whole_text`, any sign."""
+    try:
+        return limits.whole_text(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str, maximum: int = limits.INTEGER_MAX) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -216,27 +215,11 @@ def parse_filter(params: Mapping[str, str]) -> JobFilter:
     )
 
 
-WHOLE = re.compile(r"-?[0-9]+")
-NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-
-
-def whole_number(text: str) -> int:
-    """A whole number in ASCII digits, as `int` reads it but for what else `int`
-    takes: another script's digits (Arabic-Indic, full-width), `_` between digits,
-    a plus sign.
-    ValueError otherwise."""
-    if not WHOLE.fullmatch(text):
-        raise ValueError(f"not a whole number: {text!r}")
-    return int(text)
-
-
 def decimal_number(text: str) -> float:
-    """A number of ASCII digits with an optional point and exponent (`1.5`, `2e3`),
-    as `float` reads it; ValueError for what else `float` takes (`nan`, `1_0`, a
-    full-width digit)."""
-    if not NUMBER.fullmatch(text):
+    """`limits.number_text` without a sign: a form's number of seconds."""
+    if text.startswith("-"):
         raise ValueError(f"not a number: {text!r}")
-    return float(text)
+    return limits.number_text(text)
 
 
 def parse_id(text: str | None, name: str = "id") -> int | None:
@@ -244,7 +227,7 @@ def parse_id(text: str | None, name: str = "id") -> int | None:
     if text is None or not text.strip():
         return None
     try:
-        value = whole_number(text.strip())
+        value = limits.whole_text(text.strip())
     except ValueError:
         raise InvalidInput(f"{name} is not a whole number: {text[:40]!r}") from None
     if not 1 <= value <= MAX_ID:
@@ -256,7 +239,7 @@ def parse_page_size(text: str | None) -> int:
     if text is None or not text.strip():
         return DEFAULT_PAGE_SIZE
     try:
-        value = whole_number(text.strip())
+        value = limits.whole_text(text.strip())
     except ValueError:
         raise InvalidInput(f"limit is not a whole number: {text[:40]!r}") from None
     if value not in PAGE_SIZES:
@@ -268,7 +251,7 @@ def parse_priority(text: str | None) -> int:
     if text is None or not text.strip():
         raise InvalidInput("give the new priority: a whole number from 0 to 9")
     try:
-        value = whole_number(text.strip())
+        value = limits.whole_text(text.strip())
     except ValueError:
         raise InvalidInput(f"priority must be a whole number from 0 to 9, not {text!r}") from None
     return limits.priority(value)

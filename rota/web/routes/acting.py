@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from rota import limits
 from rota.errors import InvalidInput
 from rota.web import actions, filters
 from rota.web.console import Console, form_field
@@ -25,7 +26,7 @@ async def threaded(c: Console, run: Callable[..., actions.Done], *args: Any) -> 
 
 def whole(form: Any, name: str) -> int | None:
     """A whole number from a form field (None when empty); `InvalidInput` otherwise."""
-    value = _parsed(form, name, filters.whole_number, "a whole number")
+    value = _parsed(form, name, limits.whole_text, "a whole number")
     return None if value is None else int(value)
 
 
