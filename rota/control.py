@@ -34,6 +34,52 @@ BATCH_SIZE = 1000
 connection Rota opens, so no lock is held on more rows than this."""
 
 
+ARCHIVED = "an archived job stays as it ended"
+"""Why a job the archiver moved to rota.job_archive is not acted on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Missing:
+    """Job ids rota.job does not hold, by why."""
+
+    unknown: list[int]
+    """Ids of no job at all."""
+    archived: list[int]
+    """Jobs the archiver moved to rota.job_archive: ended, and kept as they ended."""
+
+    def __bool__(self) -> bool:
+        return bool(self.unknown or self.archived)
+
+    def __str__(self) -> str:
+        said = [f"no job with id {_ids(self.unknown)}"] if self.unknown else []
+        if len(self.archived) == 1:
+            said.append(f"job {self.archived[0]} is archived: {ARCHIVED}")
+        elif self.archived:
+            said.append(f"jobs {_ids(self.archived)} are archived: {ARCHIVED}")
+        return "; ".join(said)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(map(str, ids))
+
+
+def missing(conn_or_dsn: ConnOrDsn, ids: Sequence[int]) -> Missing:
+    """The ids among `ids` that name no job in rota.job, told apart: unknown
+    ones and archived ones, each in id order."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return Missing([], [])
+    with connection(conn_or_dsn) as conn:
+        found = {r["id"] for r in fetch_all(conn, sql.query("existing_job_ids"), {"ids": wanted})}
+        absent = [i for i in wanted if i not in found]
+        archived = (
+            {r["id"] for r in fetch_all(conn, sql.query("archived_job_ids"), {"ids": absent})}
+            if absent
+            else set()
+        )
+    return Missing([i for i in absent if i not in archived], [i for i in absent if i in archived])
+
+
 @dataclasses.dataclass(frozen=True)
 class CancelResult:
     ended: list[int]
@@ -51,7 +97,8 @@ class RetryResult:
     revived: list[int]
     """Jobs back to ready, in id order."""
     left: dict[int, str]
-    """Jobs asked for and left as they were, each with the reason: "not dead"
+    """Jobs asked for and left as they were, each with the reason: "archived",
+    "not dead"
     (or not of the statuses asked for), "key held by job N" (a unique_active
     job whose key an active job holds), "key kept for job N" (a newer job of
     the same retry with that key came back instead)."""
@@ -103,9 +150,11 @@ def retry_report(
                 skip += [row["id"] for row in batch if not row["revived"]]
                 if len(batch) < BATCH_SIZE:
                     break
+        named = {row["id"] for row in rows}
+        archived = missing(conn, [i for i in wanted or () if i not in named]).archived
     left = {row["id"]: _why_left(row) for row in rows if not row["revived"]}
-    named = {row["id"] for row in rows}
     left |= {id_: "not " + "/".join(statuses) for id_ in wanted or () if id_ not in named}
+    left |= dict.fromkeys(archived, "archived")
     return RetryResult(
         sorted(row["id"] for row in rows if row["revived"]), dict(sorted(left.items()))
     )
@@ -165,16 +214,16 @@ def retry_dead(
 
 def cancel(conn_or_dsn: ConnOrDsn, ids: Sequence[int], now: datetime | None = None) -> CancelResult:
     """Cancel jobs by id. An id that names no job is refused before anything is
-    written; jobs that already ended are left alone (and not in the result)."""
+    written; jobs that already ended, archived ones too, are left alone (and not
+    in the result)."""
     wanted = sorted(set(limits.job_ids(ids)))
     if not wanted:
         raise InvalidInput("give at least one job id to cancel")
     with connection(conn_or_dsn) as conn, conn.transaction():
-        found = {r["id"] for r in fetch_all(conn, sql.query("existing_job_ids"), {"ids": wanted})}
-        unknown = [i for i in wanted if i not in found]
-        if unknown:
-            raise InvalidInput(f"no job with id {', '.join(map(str, unknown))}")
-        return _cancel(conn, wanted, now)
+        absent = missing(conn, wanted)
+        if absent.unknown:
+            raise InvalidInput(f"no job with id {_ids(absent.unknown)}")
+        return _cancel(conn, [i for i in wanted if i not in absent.archived], now)
 
 
 def cancel_matching(

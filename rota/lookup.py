@@ -5,7 +5,6 @@ Read-only; every query walks an index, never the whole table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from rota import limits, sql
@@ -40,16 +39,6 @@ def list_jobs(
             conn, sql.query("list_jobs"), {"status": checked, "type": job_type, "limit": limit}
         )
     return [Job.from_row(row) for row in rows]
-
-
-def unknown_ids(conn_or_dsn: ConnOrDsn, ids: Sequence[int]) -> list[int]:
-    """The ids among `ids` that name no job (in rota.job), in order."""
-    wanted = sorted(set(ids))
-    if not wanted:
-        return []
-    with connection(conn_or_dsn) as conn:
-        found = {r["id"] for r in fetch_all(conn, sql.query("existing_job_ids"), {"ids": wanted})}
-    return [i for i in wanted if i not in found]
 
 
 def get_job(conn_or_dsn: ConnOrDsn, job_id: int) -> Job:

@@ -226,9 +226,10 @@ def cmd_dead_retry(args: argparse.Namespace) -> int:
         raise UsageError("give job ids or --all, not both")
     if not args.ids and not args.all:
         raise UsageError("give job ids or --all: rota dead retry ID... | --all")
-    unknown = lookup.unknown_ids(database_url(), args.ids)
-    if unknown:
-        raise UsageError(f"no job with id {', '.join(map(str, unknown))}")
+    absent = control.missing(database_url(), args.ids)
+    if absent:
+        hint = " (`rota jobs show` reads it; enqueue it again to run it)" if absent.archived else ""
+        raise UsageError(f"{absent}{hint}")
     result = control.retry_report(database_url(), args.ids, all_matching=args.all)
     revived = result.revived
     listed = revived if not args.all or len(revived) <= _LISTED else [*revived[:_LISTED], "..."]

@@ -64,6 +64,9 @@ ORDER BY c.id
 -- name: existing_job_ids
 SELECT id FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 
+-- name: archived_job_ids
+SELECT id FROM rota.job_archive WHERE id = ANY(%(ids)s::bigint[])
+
 -- name: cancel_jobs
 -- A ready or waiting job ends cancelled at once; a running one gets a cancel
 -- request that its worker reads from its next heartbeat. The children of a

@@ -89,6 +89,8 @@ def _audit(
 def _job_status(conn: Conn, job_id: int) -> Status:
     rows = fetch_all(conn, sql.query("job_states"), {"ids": [job_id]})
     if not rows:
+        if control.missing(conn, [job_id]).archived:
+            raise Conflict(f"job {job_id} is archived: {control.ARCHIVED}")
         raise JobNotFound(f"no job with id {job_id}")
     return Status(rows[0]["status"])
 
