@@ -303,6 +303,9 @@ def test_urgent_jobs_pass_a_backlog(
          "argument --timeout: must be more than 0"),
         (["worker", "--job-timeout", "-3"], "--job-timeout must be more than 0"),
         (["worker", "--isolation", "fork"], "invalid choice"),
+        (["worker", "--max-jobs-per-child", "2"], "--max-jobs-per-child is for child processes"),
+        (["worker", "--max-child-memory", "0", "--isolation", "process"],
+         "argument --max-child-memory: must be at least 1"),
     ],
 )  # fmt: skip
 def test_bad_job_control_input_is_refused_and_writes_nothing(

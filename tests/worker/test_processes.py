@@ -57,3 +57,66 @@ def test_a_child_ignores_a_sigterm_its_parent_did_not_send(conn, db_url, tmp_pat
     finally:
         sys.path.remove(str(tmp_path))
     assert rota.result(conn, job_id) == (Status.DONE, "went on")
+
+
+WEARING = """\
+import os
+import rota
+
+KEPT = []
+
+@rota.handler("wears.a.child")
+def wears_a_child(job):
+    # Memory a handler keeps by mistake (a module-level cache that only grows).
+    KEPT.append(b"\\x01" * (job.payload["megabytes"] * 1024 * 1024))
+    return os.getpid()
+"""
+
+
+def _pids_of_runs(conn, db_url, tmp_path, module: str, payloads: list[dict[str, Any]],
+                  **settings: Any) -> list[int]:  # fmt: skip
+    """Run jobs one at a time in process isolation; the pid each ran in, in order."""
+    (tmp_path / f"{module}.py").write_text(WEARING)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        __import__(module)
+        handlers = {"wears.a.child": rota.handlers.registered()["wears.a.child"]}
+        ids = []
+        with _running(
+            db_url, handlers, concurrency=1, isolation="process", handler_modules=[module],
+            **settings,
+        ):  # fmt: skip
+            for payload in payloads:  # one after another: each its own child's turn
+                ids.append(rota.enqueue(conn, "wears.a.child", payload))
+                wait_for(lambda: finished(conn, ids[-1]), what="the job to end")
+    finally:
+        sys.path.remove(str(tmp_path))
+    results = [rota.result(conn, job_id) for job_id in ids]
+    assert [status for status, _ in results] == [Status.DONE] * len(ids)
+    return [pid for _, pid in results]
+
+
+def _turns(pids: list[int]) -> list[int]:
+    """Which child ran each job, numbered in order of first appearance."""
+    seen: dict[int, int] = {}
+    return [seen.setdefault(pid, len(seen)) for pid in pids]
+
+
+def test_a_child_is_replaced_after_its_jobs(conn, db_url, tmp_path) -> None:
+    pids = _pids_of_runs(
+        conn, db_url, tmp_path, "wearing_by_jobs", [{"megabytes": 0}] * 5, max_jobs_per_child=2
+    )
+    assert _turns(pids) == [0, 0, 1, 1, 2]
+
+
+def test_a_child_is_replaced_once_it_holds_too_much_memory(conn, db_url, tmp_path) -> None:
+    payloads = [{"megabytes": 1}, {"megabytes": 1}, {"megabytes": 200}, {"megabytes": 1}]
+    pids = _pids_of_runs(
+        conn, db_url, tmp_path, "wearing_by_memory", payloads, max_child_memory_mb=150
+    )
+    assert _turns(pids) == [0, 0, 0, 1]
+
+
+def test_children_live_on_by_default(conn, db_url, tmp_path) -> None:
+    pids = _pids_of_runs(conn, db_url, tmp_path, "wearing_not", [{"megabytes": 0}] * 4)
+    assert _turns(pids) == [0, 0, 0, 0]

@@ -82,6 +82,20 @@ def register(sub: Any) -> None:
         help="run sync handlers in threads (default) or in child processes that can be killed",
     )
     p.add_argument(
+        "--max-jobs-per-child",
+        type=positive_int,
+        metavar="N",
+        help="with --isolation process: replace a child by a fresh one after N attempts"
+        " (default: children live on)",
+    )
+    p.add_argument(
+        "--max-child-memory",
+        type=positive_int,
+        metavar="MIB",
+        help="with --isolation process: replace a child whose resident memory is past this"
+        " many MiB after an attempt (Linux; default: no limit)",
+    )
+    p.add_argument(
         "--no-claim-ahead",
         action="store_true",
         help="claim only into free slots, never the next batch while short jobs run",
@@ -179,6 +193,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         poll_interval_seconds=args.poll_interval,
         job_timeout_seconds=args.job_timeout,
         isolation=args.isolation,
+        max_jobs_per_child=args.max_jobs_per_child,
+        max_child_memory_mb=args.max_child_memory,
         handler_modules=args.handlers,
         types=types,
         run_reaper=not args.no_reaper,

@@ -9,15 +9,19 @@ and SIGTERM until it is condemned: a signal to the whole process group
 reaches it, and the parent's shutdown decides. The attempt ends, and
 its slot is free for a fresh child, only once the condemned one returned or is
 dead: two children never run in one slot. A condemned child that returns in
-time is kept. Costs: a start-up of a Python
-interpreter per child (and per replacement), payloads and outcomes pickled
-over a pipe, and memory for `concurrency` interpreters.
+time is kept. A child worn out by its attempts (`Wear`: a number of them, or
+its resident memory after one) is retired between attempts: its pipe closes,
+it closes its connection and exits, and the next attempt of its slot starts a
+fresh child. Costs: a start-up of a Python interpreter per child (and per
+replacement), payloads and outcomes pickled over a pipe, and memory for
+`concurrency` interpreters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import multiprocessing
@@ -43,6 +47,33 @@ KILL_AFTER_TERM_SECONDS = 2.0
 
 READY = "ready"
 """A child's first message: its handlers are imported, it takes jobs."""
+
+RETIRE_SECONDS = 5.0
+"""How long a retired child may take to close its connection and exit before
+it is killed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Wear:
+    """When a child is retired, between two attempts (None: never for that reason)."""
+
+    max_jobs: int | None = None
+    """After this many attempts."""
+    max_memory_mb: int | None = None
+    """Once its resident memory after an attempt is past this many MiB."""
+
+    def worn(self, child: Child) -> str | None:
+        """Why `child` retires now, or None."""
+        if self.max_jobs is not None and child.runs >= self.max_jobs:
+            return f"after {child.runs} jobs"
+        if self.max_memory_mb is not None:
+            resident = child.resident_mb()
+            if resident is not None and resident > self.max_memory_mb:
+                return f"at {resident:.0f} MiB resident, past {self.max_memory_mb}"
+        return None
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _child_main(
@@ -79,7 +110,8 @@ def _child_main(
     while True:
         try:
             row = conn.recv()
-        except EOFError:
+        except EOFError:  # retired, or the parent is gone
+            runs.close()
             return
         job = Job(**row)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # kept after its last stop
@@ -121,10 +153,21 @@ class Child:
         )
         self.process.start()
         child.close()
+        self.runs = 0
+        """Attempts this child has run (returned or condemned)."""
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    def resident_mb(self) -> float | None:
+        """The child's resident memory in MiB (None where /proc does not tell)."""
+        try:
+            with open(f"/proc/{self.pid}/statm", "rb") as statm:
+                pages = int(statm.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pages * _PAGE_BYTES / (1024 * 1024)
 
     async def receive(self) -> Any:
         """The child's next message (ChildDied when it has none to give)."""
@@ -150,6 +193,7 @@ class Child:
             raise ChildDied(f"handler process {self.pid} did not start")
 
     async def run(self, job: Job, started: Callable[[], None]) -> Attempt | None:
+        self.runs += 1
         try:
             self.conn.send(job.to_row())
         except OSError as exc:
@@ -169,6 +213,13 @@ class Child:
         self.signal(signal.SIGKILL)
         self.process.join(timeout=1)
 
+    def retire(self) -> None:
+        """Let the child exit by itself (its pipe closed), killed if it takes long."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        self.process.join(timeout=RETIRE_SECONDS)
+        self.close()
+
 
 class ProcessRunner:
     """At most `concurrency` live children, and any number of condemned ones."""
@@ -186,6 +237,7 @@ class ProcessRunner:
         backoff: BackoffSettings,
         kill_grace_seconds: float,
         connection: ConnectionSettings | None = None,
+        wear: Wear | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.connection = connection or ConnectionSettings()
@@ -194,11 +246,15 @@ class ProcessRunner:
         self.worker_id = worker_id
         self.backoff = backoff
         self.kill_grace_seconds = kill_grace_seconds
+        self.wear = wear or Wear()
+        self._retiring: set[asyncio.Task[None]] = set()
         self._idle: list[Child] = []
         self._live = 0
         self._freed = asyncio.Condition()
         self.killed = 0
         """Children killed because they outlived their attempt's stop."""
+        self.retired = 0
+        """Children retired because they were worn (`Wear`)."""
 
     async def _acquire(self) -> Child:
         async with self._freed:
@@ -221,9 +277,26 @@ class ProcessRunner:
             self._freed.notify()
 
     async def _return_to_pool(self, child: Child) -> None:
+        """The child takes its slot's next attempt, unless it is worn: then it
+        exits, and the slot's next attempt starts a fresh one."""
+        if why := self.wear.worn(child):
+            log.info("handler process %s retired %s", child.pid, why)
+            self.retired += 1
+            retiring = asyncio.get_running_loop().create_task(self._retire(child))
+            self._retiring.add(retiring)
+            retiring.add_done_callback(self._retiring.discard)
+            return
         async with self._freed:
             self._idle.append(child)
             self._freed.notify()
+
+    async def _retire(self, child: Child) -> None:
+        """Off the attempt's path: its outcome does not wait for the exit. The
+        slot is free once the child is gone."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, child.retire)
+        finally:
+            await self._lose_slot()
 
     async def __call__(
         self, handler: Handler, job: Job, context: Context, started: Callable[[], None]

@@ -76,6 +76,15 @@ class WorkerSettings:
     """Process isolation: how long a stopped attempt's child may take to return
     before it gets SIGTERM (then SIGKILL two seconds later)."""
 
+    max_jobs_per_child: int | None = None
+    """Process isolation: a child that has run this many attempts is replaced by
+    a fresh one (None: children live on)."""
+
+    max_child_memory_mb: int | None = None
+    """Process isolation: a child whose resident memory is past this many MiB
+    after an attempt is replaced by a fresh one (None: no limit; read from /proc,
+    so on Linux only)."""
+
     handler_modules: Sequence[str] = ()
     """Modules that register the handlers; child processes import them."""
 
@@ -109,6 +118,15 @@ class WorkerSettings:
             limits.timeout_seconds(self.job_timeout_seconds, "--job-timeout")
         if self.isolation not in ISOLATIONS:
             raise InvalidInput(f"isolation must be thread or process, not {self.isolation!r}")
+        for name, value in [
+            ("--max-jobs-per-child", self.max_jobs_per_child),
+            ("--max-child-memory", self.max_child_memory_mb),
+        ]:
+            if value is None:
+                continue
+            limits.whole(value, name, 1)
+            if self.isolation != "process":
+                raise InvalidInput(f"{name} is for child processes: add --isolation process")
         limits.interval_seconds(self.loop_stall_seconds, "loop_stall_seconds")
         if self.finish_batch_size < 1:
             raise InvalidInput("finish_batch_size must be at least 1")

@@ -48,7 +48,7 @@ from rota_worker.loops import Loop
 from rota_worker.outcomes import OutcomeBuffer
 from rota_worker.probe import FloorProbe
 from rota_worker.probes import Probes
-from rota_worker.processes import ProcessRunner
+from rota_worker.processes import ProcessRunner, Wear
 from rota_worker.reaping import ReaperLoop
 from rota_worker.registry import Registry
 from rota_worker.settings import WorkerSettings
@@ -102,6 +102,7 @@ class Worker:
             self.runner = ProcessRunner(
                 s.concurrency, s.handler_modules, dsn, self.worker_id, s.backoff,
                 s.kill_grace_seconds, s.connection,
+                Wear(s.max_jobs_per_child, s.max_child_memory_mb),
             )  # fmt: skip
         self._stopping = asyncio.Event()
         self.slots = Slots(
