@@ -115,12 +115,18 @@ class Cron:
 
 
 def parse(expr: str) -> Cron:
-    """Parse a 5-field expression or a macro; raise `InvalidInput` saying what is wrong.
+    """Parse a 5-field expression or a macro of at most `limits.MAX_CRON_BYTES`;
+    raise `InvalidInput` saying what is wrong.
 
     croniter expands the fields (names, ranges, steps, bounds); the extensions
     it also accepts (seconds, ``L``, ``#``, ``H``) are refused, since the DST
     rules below are defined for classic 5-field cron only.
     """
+    size = len(str(expr).encode(errors="surrogatepass"))
+    if size > limits.MAX_CRON_BYTES:
+        raise InvalidInput(
+            f"cron expression is {size} bytes long, over the limit of {limits.MAX_CRON_BYTES}"
+        )
     text = " ".join(str(expr).split())
     if text.startswith("@") and text.lower() not in MACROS:
         raise InvalidInput(f"invalid cron expression {text!r}: unknown macro")

@@ -43,6 +43,11 @@ UTF-8 bytes. A btree index entry must fit in a third of a page (2,704 bytes);
 the largest index over names holds two of them (the effect marker's key and
 effect)."""
 
+MAX_CRON_BYTES = 1024
+"""Longest cron expression, in UTF-8 bytes as written (white space included):
+five fields list every minute, hour, day and month in under 400; the database
+refuses a longer one too (migration 0037)."""
+
 MAX_JSON_DEPTH = 100
 """Deepest nesting of arrays and objects in a payload: Python's JSON reader
 recurses once per level and would fail reading a much deeper one back."""

@@ -66,6 +66,9 @@ def test_add_with_unique_for_or_unique_active(db_url: str, conn: Conn) -> None:
     [
         (["--cron", "61 * * * *"], "invalid cron expression '61 * * * *'"),
         (["--cron", "* * * *"], "expected 5 fields"),
+        (["--cron", "garbage"], "invalid cron expression 'garbage': expected 5 fields, got 1"),
+        (["--cron", "0" * 1017 + " * * * *"], "cron expression is 1025 bytes long"),
+        (["--cron", "0 * * * *", "--group", ""], "a group must be a non-empty string, not ''"),
         (["--cron", "@reboot"], "unknown macro"),
         (["--cron", "0 * * * *", "--timezone", "Europe/Atlantis"], "unknown time zone"),
         (["--cron", "0 * * * *", "--payload", "{bad"], "not valid JSON"),

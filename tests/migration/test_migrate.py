@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -16,6 +17,7 @@ from rota import claim as claims
 from rota import sql
 from rota.errors import MigrationError
 from rota.migrate import applied, migrate, require_current
+from rota.scheduler import Scheduler
 
 
 def test_concurrent_migrate_processes_apply_each_migration_once(empty_db_url: str) -> None:
@@ -111,7 +113,7 @@ def test_windows_past_ten_years_become_ten_years_and_claims_go_on(empty_db_url: 
             "INSERT INTO rota.job_limit (type, rate, per_seconds)"
             " VALUES ('inf', 1, 'Infinity'), ('nan', 1, 'NaN'), ('ok', 1, 60)"
         )
-        assert migrate(conn) == [36]
+        assert migrate(conn) == [n for n, _, _ in sql.migrations() if n >= 36]
         windows = conn.execute("SELECT type, per_seconds FROM rota.job_limit ORDER BY type")
         assert windows.fetchall() == [
             {"type": "inf", "per_seconds": 315360000.0},
@@ -121,3 +123,42 @@ def test_windows_past_ten_years_become_ten_years_and_claims_go_on(empty_db_url: 
         for job_type in ("inf", "inf", "nan", "plain"):
             rota.enqueue(conn, job_type, {})
         assert sorted(j.type for j in claims.claim(conn, "w", 10, 60)) == ["inf", "nan", "plain"]
+
+
+def test_schedules_stored_before_0037_stay_and_pass_their_slots(empty_db_url: str) -> None:
+    # Migration 0037 checks a schedule's cron expression, group, timeout, window
+    # and next run. Rows stored before it that break those rules stay as they
+    # are (a trigger does not look back); the scheduler still moves them past
+    # their slots (its advance changes next_run_at alone) and fires the others.
+    now = datetime(2030, 1, 1, 12, tzinfo=UTC)
+    with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(sql.query("migrate_bootstrap"))
+        for number, name, text in sql.migrations():
+            if number < 37:
+                conn.execute(text.encode())
+                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        conn.execute(
+            "INSERT INTO rota.schedule (name, job_type, cron, next_run_at, group_key,"
+            "                           timeout_seconds, unique_for_seconds)"
+            " VALUES ('bad1', 't', 'garbage', %(due)s, NULL, NULL, NULL),"
+            "        ('bad3', 't', '* * * * *', %(due)s, '', 'Infinity', NULL),"
+            "        ('nan', 't', '* * * * *', %(due)s, NULL, 'NaN', 'NaN'),"
+            "        ('never', 't', '* * * * *', 'infinity', NULL, NULL, NULL),"
+            "        ('good', 't', '* * * * *', %(due)s, NULL, NULL, NULL)",
+            {"due": now - timedelta(minutes=1)},
+        )
+        assert migrate(conn) == [n for n, _, _ in sql.migrations() if n >= 37]
+        Scheduler().run_once(conn, now=now)
+        rows = conn.execute(
+            "SELECT s.name, s.next_run_at > %s AS ahead, count(j.id) AS jobs"
+            " FROM rota.schedule AS s LEFT JOIN rota.job AS j ON j.schedule_id = s.id"
+            " WHERE s.name <> 'rota/archive' GROUP BY s.name, s.next_run_at ORDER BY s.name",
+            (now,),
+        ).fetchall()
+        assert rows == [
+            {"name": "bad1", "ahead": True, "jobs": 0},
+            {"name": "bad3", "ahead": True, "jobs": 0},
+            {"name": "good", "ahead": True, "jobs": 1},
+            {"name": "nan", "ahead": True, "jobs": 0},
+            {"name": "never", "ahead": True, "jobs": 0},
+        ]

@@ -63,6 +63,14 @@ def test_invalid_expressions(expr: str) -> None:
         cron.Schedule(expr)
 
 
+def test_an_expression_is_at_most_1024_bytes_as_written() -> None:
+    # The database refuses a longer text (migration 0037): Python does first.
+    assert cron.parse("0" * 1016 + " * * * *").minutes == (0,)
+    for longer in ("0" * 1017 + " * * * *", "* * * * *" + " " * 1016, "\u3000" * 342):
+        with pytest.raises(InvalidInput, match=r"^cron expression is 10\d\d bytes long, over"):
+            cron.Schedule(longer)
+
+
 @pytest.mark.parametrize("name", ["Mars/Olympus", "", " UTC", "../etc/passwd", "/etc/localtime"])
 def test_unknown_time_zone(name: str) -> None:
     with pytest.raises(InvalidInput, match="unknown time zone"):
