@@ -6,7 +6,10 @@ exception kept as ``__cause__``: `DatabaseUnavailable`, an outage (retry later
 on a new connection: the database is down, the connection broke, the server
 shut down or takes no writes), never counted as a job's attempt; or
 `DatabaseError`, a refusal of the statement (a timeout, a deadlock, a value too
-large), which counts as an attempt of the job it was for.
+large), which counts as an attempt of the job it was for. Opening a connection
+adds a third: `ConnectionOptionRefused`, an option libpq refuses before it asks
+any server (`sslmode=bogus`), which is bad input and no outage: waiting never
+mends it, so a long-running command says so at its start (`check_options`).
 
 A caller may also hand over an ORM's connection: a SQLAlchemy `Connection` or
 `Session` (`AsyncConnection` or `AsyncSession` for `aconnection()`) on the
@@ -19,14 +22,16 @@ connection is given.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
 from psycopg.rows import dict_row
 
-from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable, InvalidInput
 from rota.reading import make_tolerant, tolerant
 
 Conn = psycopg.Connection[Any]
@@ -102,6 +107,71 @@ def errors_wrapped() -> Iterator[None]:
         raise DatabaseError(f"UnicodeEncodeError: {exc}") from exc
 
 
+_REFUSED_OPTION = re.compile(
+    r'invalid integer value .* for connection option "(?P<integer>\w+)"'
+    r"|bad value for (?P<bad>\w+)|invalid (?P<invalid>\w+) value|invalid (?P<port>port) number"
+    r"|could not parse network address|could not match \d+ (?:host names|port numbers)"
+)
+"""How libpq (and psycopg before it) refuses a connection option's value, and
+which option it names: the URL or a PG* variable is at fault, not the server,
+which was not asked."""
+
+
+def refused_option(exc: BaseException) -> ConnectionOptionRefused | None:
+    """`exc` as the refusal of a connection option by libpq (or psycopg), or None.
+    Judged from libpq's own failure only: an error with a SQLSTATE is the
+    server's answer, so the options were taken."""
+    if not isinstance(exc, psycopg.OperationalError | psycopg.ProgrammingError):
+        return None
+    if exc.sqlstate:
+        return None
+    text = str(exc)
+    found = _REFUSED_OPTION.search(text)
+    if not found:
+        return None
+    option = next((name for name in found.groups() if name), None)
+    return ConnectionOptionRefused(" ".join(text[found.start() :].split()), option)
+
+
+@contextlib.contextmanager
+def _connecting() -> Iterator[None]:
+    """Inside `errors_wrapped()`, where a connection is opened: options libpq
+    refuses raise `ConnectionOptionRefused`, never an outage."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        refused = refused_option(exc)
+        if refused is None:
+            raise
+        raise refused from exc
+
+
+CHECK_CONNECT_SECONDS = 5
+"""The longest `check_options` waits for a server that does not answer (a host
+that drops packets): psycopg's default, 130 s, would hold a command's start."""
+
+
+def check_options(dsn: str) -> DatabaseUnavailable | DatabaseError | None:
+    """Raise `ConnectionOptionRefused` if libpq refuses the connection options of
+    `dsn` or of the PG* variables; else return what one connection attempt met
+    (None: the server took it).
+
+    Such a refusal comes before any server is asked, so one attempt tells. For a
+    command whose first connection does not show it: one that serves before it
+    connects (`rota exporter`, `rota web`, the operator), or whose connections
+    carry options of their own in place of the URL's (`rota worker`'s timeouts).
+    An outage is the caller's to wait for, as ever."""
+    try:
+        with errors_wrapped(), _connecting():
+            # psycopg's reading of connect_timeout (refused if it is no number),
+            # which the attempt below may shorten
+            seconds = timeout_from_conninfo(conninfo_to_dict(dsn))
+        connect(dsn, connect_timeout=min(seconds, CHECK_CONNECT_SECONDS)).close()
+    except (DatabaseUnavailable, DatabaseError) as exc:
+        return exc
+    return None
+
+
 def connect(
     dsn: str,
     *,
@@ -110,8 +180,9 @@ def connect(
     **kwargs: Any,
 ) -> Conn:
     """Open a connection that returns rows as dicts (of `connection_class`, a
-    psycopg `Connection` or a subclass)."""
-    with errors_wrapped():
+    psycopg `Connection` or a subclass); options libpq refuses raise
+    `ConnectionOptionRefused`."""
+    with errors_wrapped(), _connecting():
         conn: Conn = connection_class.connect(
             dsn,
             autocommit=autocommit,
@@ -160,7 +231,7 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
         with errors_wrapped():
             yield joined
         return
-    with errors_wrapped():
+    with errors_wrapped(), _connecting():
         conn: AConn = await psycopg.AsyncConnection.connect(
             aconn_or_dsn, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
         )

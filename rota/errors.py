@@ -23,6 +23,17 @@ class DatabaseUnavailable(RotaError):
     """The database cannot be reached or the connection was lost."""
 
 
+class ConnectionOptionRefused(InvalidInput):
+    """libpq refuses a connection option, before it asks any server: no wait mends it."""
+
+    def __init__(self, reason: str, option: str | None = None) -> None:
+        self.reason = reason
+        """What libpq (or psycopg before it) said of the option, in one line."""
+        self.option = option
+        """The option's keyword (`sslmode`), when the reason names it."""
+        super().__init__(f"libpq refuses a connection option: {reason}")
+
+
 class DatabaseError(RotaError):
     """The database refused a statement."""
 

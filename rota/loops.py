@@ -8,10 +8,12 @@ one round and returns; the thread calls it again after `next_wait` (the
 `interval` unless the loop knows better), and after a failure waits the next
 step of its `Backoff` (an outage: the connection is closed and opened again by
 the next round; a refusal: logged as an error, tried again after the
-interval). `wait` may end early (a loop listening on its connection ends it
-on a NOTIFY). Tests call `run_once` or `step` directly: a loop is steppable
-without its thread. `run` turns the loop in the calling thread (`rota reaper`
-does), `start` in a daemon thread of its own.
+interval; a connection option libpq refuses, which no wait mends: the loop
+ends, `run` raising `ConnectionOptionRefused`, a thread logging it). `wait`
+may end early (a loop listening on its connection ends it on a NOTIFY). Tests
+call `run_once` or `step` directly: a loop is steppable without its thread.
+`run` turns the loop in the calling thread (`rota reaper` does), `start` in a
+daemon thread of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 from collections.abc import Callable
 
 from rota import db
-from rota.errors import DatabaseError, DatabaseUnavailable
+from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable
 
 STOP_WAIT_SECONDS = 1.0
 """How long `stop` waits for a round in flight (the thread is a daemon: a stopping
@@ -89,8 +91,15 @@ class Loop:
         """`run` in a daemon thread of its own."""
         if self._own_stop:
             self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._thread = threading.Thread(target=self._run_in_thread, name=self.name, daemon=True)
         self._thread.start()
+
+    def _run_in_thread(self) -> None:
+        try:
+            self.run()
+        except ConnectionOptionRefused as exc:
+            # Nobody to raise it to: the process checks its options at start.
+            self.log.error("%s: ended: %s", self.name, exc)
 
     def stop(self) -> None:
         """Stop the thread; a round still waiting for the database is not waited for
@@ -138,6 +147,9 @@ class Loop:
         except DatabaseError as exc:
             self.log.error("%s: refused (%s)", self.name, exc)
             return self.interval
+        except ConnectionOptionRefused:
+            self.close()
+            raise  # bad input, which no wait mends: the loop's owner says why
         except Exception:  # a loop must outlive whatever one round meets
             self.close()
             wait = self.backoff.next()

@@ -1,5 +1,10 @@
 """`rota-operator`: run the kopf operator with Rota's handlers and the environment's settings.
 
+A connection option libpq refuses (in ROTA_DATABASE_URL or a PG* variable)
+stops it at start, exit 2 with one line on stderr, as it stops every
+long-running `rota` command: no retry mends it. A database away at start is
+retried object by object, as ever (`rota_operator.handlers`).
+
 Without ROTA_STANDALONE, peering is mandatory: kopf keeps the operator paused,
 handling nothing and saying nothing at the default level, until its peering
 CRDs and the peering object exist. So the operator says it, at start and then
@@ -11,10 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from typing import Any
 
 import kopf
 
+from rota.cli import exits
+from rota.db import check_options
+from rota.errors import ConnectionOptionRefused
 from rota_operator import handlers as _handlers  # noqa: F401 - registers the handlers
 from rota_operator import kube
 from rota_operator.settings import Settings
@@ -96,9 +105,23 @@ async def stop_peering_report(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
 
 
+def check_database_options(dsn: str) -> None:
+    """Exit 2 with one line if libpq refuses the connection options of `dsn` (or of
+    the PG* variables); any other outcome of the attempt is left to the handlers."""
+    try:
+        check_options(dsn)
+    except ConnectionOptionRefused as exc:
+        explained = exits.explain(exc, [])
+        assert explained is not None
+        code, line = explained
+        print(f"rota-operator: {line}", file=sys.stderr)
+        raise SystemExit(code) from None
+
+
 def main() -> None:
     """Watch ROTA_NAMESPACES (or the whole cluster) until SIGTERM."""
     settings = Settings.from_environ()
+    check_database_options(settings.database_url)
     kopf.configure(verbose=False)
     # A peering name makes peering mandatory: without the kopf.dev CRDs the replicas wait
     # (paused) instead of all acting at once. Standalone needs no name and no CRDs.

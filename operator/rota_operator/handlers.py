@@ -4,7 +4,9 @@ Each handler is thin: it turns kopf's keyword arguments into calls of
 `jobschedules`, `pools` and the rota core, and turns their outcomes into kopf's
 control flow (a patch, or `TemporaryError` to retry). A database outage is
 retried with exponential backoff and an invalid spec becomes a condition and an
-Event: neither ever stops the operator.
+Event: neither ever stops the operator. (`rota-operator` exits at start on a
+connection option libpq refuses; run as `kopf run -m rota_operator`, such an
+option is reported and retried as an outage is, object by object.)
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from typing import Any
 import kopf
 
 from rota import schedule_store as core
-from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable, InvalidInput
 from rota_operator import jobschedules, kube, metrics, pools
 from rota_operator.settings import INSTANCE_LABEL, Settings
 
 SCHEDULES = ("rota.dev", "v1", "jobschedules")
 POOLS = ("rota.dev", "v1", "workerpools")
-DATABASE_ERRORS = (DatabaseUnavailable, DatabaseError)
+DATABASE_ERRORS = (DatabaseUnavailable, DatabaseError, ConnectionOptionRefused)
 
 # Timer intervals and filters are fixed when the handlers are declared: these are read at import.
 _DECLARED = Settings.from_environ()

@@ -12,9 +12,17 @@ import re
 from collections.abc import Sequence
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from rota.cli.common import UsageError
-from rota.errors import DatabaseError, DatabaseUnavailable, InvalidInput, JobNotFound, RotaError
+from rota.errors import (
+    ConnectionOptionRefused,
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidInput,
+    JobNotFound,
+    RotaError,
+)
 
 BAD_INPUT = 2
 RUNTIME = 1
@@ -30,11 +38,11 @@ _NO_SCHEMA = (
 
 def explain(exc: BaseException, argv: Sequence[str]) -> tuple[int, str] | None:
     """The exit code and the line to print for `exc`, or None if it is not Rota's."""
+    if isinstance(exc, ConnectionOptionRefused):
+        source = _option_source(exc.option)
+        return BAD_INPUT, f"error: {source} has a connection option libpq refuses: {exc.reason}"
     if isinstance(exc, UsageError | InvalidInput | JobNotFound):
         return BAD_INPUT, f"error: {one_line(exc)}{_dash_hint(str(exc), argv)}"
-    if refused := _refused_option(exc):
-        source = "ROTA_DATABASE_URL" if os.environ.get("ROTA_DATABASE_URL") else "a PG* variable"
-        return BAD_INPUT, f"error: {source} has a connection option libpq refuses: {refused}"
     if isinstance(exc, DatabaseUnavailable):
         return RUNTIME, _unavailable(exc)
     if isinstance(exc, DatabaseError) and isinstance(exc.__cause__, _NO_SCHEMA):
@@ -47,26 +55,17 @@ def explain(exc: BaseException, argv: Sequence[str]) -> tuple[int, str] | None:
     return None
 
 
-_REFUSED_OPTION = re.compile(
-    r"bad value for \w+|invalid \w+ value|invalid integer value .* for connection option"
-    r"|invalid port number|could not parse network address|could not match \d+ host names"
-)
-"""How libpq (and psycopg before it) refuses a connection option's value: the
-URL is at fault, not the server, which was not asked."""
-
-
-def _refused_option(exc: BaseException) -> str | None:
-    """The reason libpq refused the connection options behind `exc`, or None."""
-    cause = exc.__cause__
-    if not isinstance(exc, DatabaseError | DatabaseUnavailable) or not isinstance(
-        cause, psycopg.OperationalError | psycopg.ProgrammingError
-    ):
-        return None
-    if cause.sqlstate:  # the server's answer: it was reached
-        return None
-    text = str(cause)
-    found = _REFUSED_OPTION.search(text)
-    return " ".join(text[found.start() :].split()) if found else None
+def _option_source(option: str | None) -> str:
+    """Where the refused `option` was given: its PG* variable when that is set and
+    ROTA_DATABASE_URL does not give the option itself (the Helm chart sets
+    PGSSLMODE beside the URL); else the URL, or the PG* variables without one."""
+    url = os.environ.get("ROTA_DATABASE_URL", "")
+    if option and option not in (conninfo_to_dict(url) if url else {}):
+        for default in psycopg.pq.Conninfo.get_defaults():
+            variable = (default.envvar or b"").decode()
+            if default.keyword.decode() == option and variable and os.environ.get(variable):
+                return variable
+    return "ROTA_DATABASE_URL" if url else "a PG* variable"
 
 
 def one_line(exc: BaseException) -> str:

@@ -5,6 +5,8 @@ status, queue age, dead letters, missed slots, live workers) come from one
 process per installation: the operator when it runs, else this command. Any
 number of exporters may run: only the one holding the database's exporter lock
 serves the figures (`rota.metrics.QueueCollector`), so they never count twice.
+A database away at start is waited for while serving (each scrape tries it
+again); a connection option libpq refuses is bad input, exit 2 before serving.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from typing import Any
 
 from rota.cli.common import UsageError, database_url, decimal, whole_number
+from rota.db import check_options
 from rota.metrics import MetricsSettings, metrics_page, queue_registry, serve_pages
 
 log = logging.getLogger("rota")
@@ -42,9 +45,10 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 0-65535, not {args.port}")
     if args.cache < 0:
         raise UsageError(f"--cache must be 0 or more seconds, not {args.cache}")
-    registry = queue_registry(
-        database_url(), cache_seconds=args.cache, settings=MetricsSettings.from_env()
-    )
+    dsn = database_url()
+    if failure := check_options(dsn):
+        log.warning("waiting for the database (%s); serving meanwhile", failure)
+    registry = queue_registry(dsn, cache_seconds=args.cache, settings=MetricsSettings.from_env())
     pages = {"/metrics": metrics_page(registry), "/healthz": lambda: (200, b"ok\n", "text/plain")}
     server = serve_pages(args.host, args.port, pages, "rota-exporter")
     stop = threading.Event()

@@ -122,7 +122,9 @@ def _run(service: Service, args: argparse.Namespace) -> int:
 
 def _wait_until_usable(dsn: str, stop: threading.Event) -> None:
     """Like a worker, a service started before its database (or its migration)
-    waits for it instead of exiting: 0.5 s doubling to 10 s between tries."""
+    waits for it instead of exiting: 0.5 s doubling to 10 s between tries. An
+    option libpq refuses is no outage: its `ConnectionOptionRefused` passes
+    through, and the command exits 2 at once."""
     delay = 0.5
     while not stop.is_set():
         try:

@@ -8,6 +8,8 @@ An auth proxy can vouch for users instead: its header is honoured only from
 the addresses given with --proxy-from; --operator names users and
 --operator-group names groups that may act. Behind a TLS-terminating proxy,
 --forwarded-from trusts its X-Forwarded-Proto so that cookies are Secure.
+A connection option libpq refuses is bad input, exit 2 before serving; a
+database away at start is waited for while serving.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rota.cli.common import UsageError, database_url, whole_number
+from rota.db import check_options
 from rota.errors import RotaError
 
 if TYPE_CHECKING:
@@ -119,6 +122,9 @@ def settings_from(args: argparse.Namespace) -> WebSettings:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    if failure := check_options(settings.dsn):
+        # The pool keeps trying: pages answer once the database does.
+        log.warning("waiting for the database (%s); serving meanwhile", failure)
     import uvicorn
 
     from rota.web import create_app

@@ -150,6 +150,41 @@ def test_a_url_option_libpq_refuses_is_bad_input(capsys, monkeypatch, query) -> 
     assert query.split("=")[0] in err
 
 
+@pytest.mark.parametrize(
+    ("url", "variable", "value", "said"),
+    [
+        (NOWHERE, "PGSSLMODE", "verify-fulll", 'invalid sslmode value: "verify-fulll"'),
+        ("postgresql://rota@127.0.0.1/rota", "PGPORT", "99999", 'invalid port number: "99999"'),
+        (None, "PGTARGETSESSIONATTRS", "x", 'invalid target_session_attrs value: "x"'),
+    ],
+    ids=["beside-the-url", "the-url-gives-no-port", "no-url"],
+)
+def test_a_pg_variable_libpq_refuses_is_named(
+    capsys, monkeypatch, url, variable, value, said
+) -> None:
+    # The Helm chart sets PGSSLMODE beside ROTA_DATABASE_URL: the variable is at fault.
+    if url is None:
+        monkeypatch.delenv("ROTA_DATABASE_URL", raising=False)
+        monkeypatch.setenv("PGHOST", "127.0.0.1")
+        monkeypatch.setenv("PGPORT", "9")
+    else:
+        monkeypatch.setenv("ROTA_DATABASE_URL", url)
+    monkeypatch.setenv(variable, value)
+    assert main(["jobs", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"rota: error: {variable} has a connection option libpq refuses: {said}"
+
+
+def test_the_url_is_named_when_it_gives_the_option_a_variable_gives_too(
+    capsys, monkeypatch
+) -> None:
+    monkeypatch.setenv("ROTA_DATABASE_URL", f"{NOWHERE}?sslmode=bogus")
+    monkeypatch.setenv("PGSSLMODE", "require")
+    assert main(["jobs", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rota: error: ROTA_DATABASE_URL has a connection option libpq refuses")
+
+
 def test_an_unreachable_server_stays_a_runtime_error(capsys, monkeypatch) -> None:
     monkeypatch.setenv("ROTA_DATABASE_URL", "postgresql://rota@127.0.0.1:9/rota?sslmode=disable")
     assert main(["jobs", "list"]) == 1

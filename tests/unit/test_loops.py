@@ -1,13 +1,16 @@
 """The one loop shape (`rota.loops.Loop`), stepped without its thread: a round's
 failure handled by its kind (an outage backs off and reconnects, a refusal waits
-the interval, anything else backs off), the backoff reset by a success, a round's
-own wait, and a thread that stops when its (shared) stop event is set."""
+the interval, anything else backs off, a connection option libpq refuses ends the
+loop), the backoff reset by a success, a round's own wait, and a thread that
+stops when its (shared) stop event is set."""
 
 from __future__ import annotations
 
 import threading
 
-from rota.errors import DatabaseError, DatabaseUnavailable
+import pytest
+
+from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable
 from rota.loops import Backoff, Loop
 from tests.acceptance.procs import wait_for
 
@@ -57,6 +60,27 @@ def test_each_failure_of_a_round_is_handled_by_its_kind() -> None:
     assert waits == [0.1, 0.2, 5.0, 0.4, 5.0, 0.1]
     assert loop.closed == 4
     assert loop.rounds == 1
+
+
+def test_a_connection_option_libpq_refuses_ends_the_loop_no_wait_mends_it() -> None:
+    refused = ConnectionOptionRefused('invalid sslmode value: "bogus"', "sslmode")
+    loop = Scripted([DatabaseUnavailable("gone"), refused])
+    loop.run_at_start = True
+    with pytest.raises(ConnectionOptionRefused):
+        loop.run()  # its first round backs off, its second ends the loop
+    assert loop.closed >= 2
+    assert loop.rounds == 0
+
+
+def test_a_loop_in_its_thread_ends_on_a_refused_option_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = Scripted([ConnectionOptionRefused('invalid sslmode value: "bogus"', "sslmode")])
+    loop.run_at_start = True
+    loop.start()
+    loop.join(20)
+    assert not loop.is_alive()
+    assert "rota-loop: ended: libpq refuses a connection option: invalid sslmode" in caplog.text
 
 
 class Capped(Loop):

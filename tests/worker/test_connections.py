@@ -1,14 +1,22 @@
-"""Timeouts on every worker connection, and a connection the network silently
-stopped carrying (a TCP proxy started here that stops forwarding) replaced."""
+"""Timeouts on every worker connection, a connection the network silently
+stopped carrying (a TCP proxy started here that stops forwarding) replaced, and
+connection options libpq refuses raised at start instead of waited for."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
+
+import pytest
+from psycopg.conninfo import make_conninfo
 
 import rota
 from rota.deadlines import Deadlines
+from rota.errors import ConnectionOptionRefused
 from rota.settings import ConnectionSettings
+from rota_worker.settings import WorkerSettings
+from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
 from tests.worker.helpers import _async_handlers, _noop, _proxy, _running
 
@@ -48,3 +56,14 @@ def test_every_worker_connection_carries_its_timeouts(db_url) -> None:
         assert "tcp_user_timeout=20000" in plain.info.dsn
     with contextlib.closing(deadlines.connect(db_url, "heartbeat", lock_timeout=True)) as beat:
         assert beat.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "500ms"}
+
+
+def test_a_worker_given_an_option_libpq_refuses_raises_it_instead_of_waiting(db_url) -> None:
+    # An outage is waited for (alive, not ready); an option libpq refuses never
+    # gets better by waiting.
+    settings = WorkerSettings(run_reaper=False, run_scheduler=False)
+    worker = Worker(make_conninfo(db_url, sslmode="bogus"), settings, handlers={})
+    started = time.monotonic()
+    with pytest.raises(ConnectionOptionRefused, match="invalid sslmode value"):
+        worker.run(install_signals=False)
+    assert time.monotonic() - started < 30

@@ -26,7 +26,7 @@ from rota.cli.common import (
     port_number,
     positive_int,
 )
-from rota.db import connect
+from rota.db import check_options, connect
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import check_served
 from rota.migrate import require_current
@@ -228,8 +228,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def wait_for_database(dsn: str, connection: ConnectionSettings, seconds: float) -> None:
     """Return once the database answers with Rota's current schema; after `seconds`
     of trying, a `RotaError` that says why (`rota` exits 1): a wrong URL or an
-    unmigrated database must not look like a worker that hangs."""
+    unmigrated database must not look like a worker that hangs. An option libpq
+    refuses is not waited for: `ConnectionOptionRefused` at once (exit 2)."""
     deadline = time.monotonic() + seconds
+    # The URL as given, which the connections below override with the timeouts'
+    # options (a connect_timeout=abc of the URL would otherwise pass here).
+    check_options(dsn)
     while True:
         try:
             with connect(dsn, **connection.libpq(dsn)) as conn:

@@ -259,7 +259,9 @@ class Worker:
         """Wait until the database answers with a current schema (False: stopped first).
 
         A worker started before its database or its migration waits, alive for
-        /healthz and not ready for /readyz, instead of exiting.
+        /healthz and not ready for /readyz, instead of exiting. A connection
+        option libpq refuses is no outage: its `ConnectionOptionRefused` ends
+        the run at once.
         """
         backoff = Backoff(first=0.5, most=self.settings.reconnect_max_seconds)
         while not self._stopping.is_set():
