@@ -114,13 +114,27 @@ class Cron:
         return in_days and in_weekdays
 
 
+_PARTS = re.compile(r"[,/-]")
+_EXTENSION = re.compile(r"(?i)r(?:\(.*)?|\d*w")
+"""croniter's extensions no classic cron has and `croniter.expand` lets through
+as plain values: ``R`` and ``R(a-b)``, a value drawn at random at each parse
+(the slots would move between two ticks), and ``15W``, the weekday nearest
+the 15th (expanded as the 15th itself)."""
+
+_ANY_VALUE = ("*", "?")
+"""How a day field that restricts nothing starts: ``?`` is croniter's (and
+Quartz's) ``*`` for the day of the month or of the week, so ``0 0 ? * 1`` is
+every Monday, not every day."""
+
+
 def parse(expr: str) -> Cron:
     """Parse a 5-field expression or a macro of at most `limits.MAX_CRON_BYTES`;
     raise `InvalidInput` saying what is wrong.
 
     croniter expands the fields (names, ranges, steps, bounds); the extensions
-    it also accepts (seconds, ``L``, ``#``, ``H``) are refused, since the DST
-    rules below are defined for classic 5-field cron only.
+    it also accepts (seconds, ``L``, ``#``, ``H``, ``R``, ``W``) are refused,
+    since the DST rules below are defined for classic 5-field cron only; ``?``
+    is taken as ``*`` in the day fields.
     """
     size = len(str(expr).encode(errors="surrogatepass"))
     if size > limits.MAX_CRON_BYTES:
@@ -135,6 +149,11 @@ def parse(expr: str) -> Cron:
         raise InvalidInput(
             f"invalid cron expression {text!r}: expected 5 fields, got {len(fields)}"
         )
+    for (name, _, _), field in zip(_FIELDS, fields, strict=True):
+        if any(_EXTENSION.fullmatch(part) for part in _PARTS.split(field)):
+            raise InvalidInput(
+                f"invalid cron expression {text!r}: {name} field is not classic cron"
+            )
     backwards = next(
         (r for f in fields for r in _RANGE.findall(f) if _rank(r[0]) > _rank(r[1])), None
     )
@@ -168,8 +187,8 @@ def parse(expr: str) -> Cron:
         days=frozenset(values[2]),
         months=frozenset(values[3]),
         weekdays=frozenset(weekdays),
-        day_restricted=not fields[2].startswith("*"),
-        weekday_restricted=not fields[4].startswith("*"),
+        day_restricted=not fields[2].startswith(_ANY_VALUE),
+        weekday_restricted=not fields[4].startswith(_ANY_VALUE),
     )
 
 

@@ -118,7 +118,7 @@ def test_an_insert_and_an_update_refuse_alike(
         ("cron", "E'\\u3000@WeeKLY\\t'"),
         ("cron", "E'@wee\\u212aly'"),  # the Kelvin sign, whose lower case is k
         ("cron", "E'\\x1c*/5\\u00a0 9-17 ? JAN,jul MON-fri\\n'"),
-        ("cron", "'R(0-5) * 15W * *'"),
+        ("cron", "'0 0 ? * 1'"),
         ("next_run_at", "'1970-01-01T00:00:00Z'"),
         ("next_run_at", "'9999-12-30T00:00:00Z'"),
     ],

@@ -88,6 +88,27 @@ def test_day_of_month_or_day_of_week_when_both_restricted() -> None:
     ]
 
 
+@pytest.mark.parametrize("expr", ["0 0 ? * 1", "0 0 ? * mon", "0 0 ? * 1-1"])
+def test_a_question_mark_restricts_no_day(expr: str) -> None:
+    # As in Quartz's "0 0 ? * MON": Mondays only (it ran every day).
+    slots = cron.Schedule(expr).slots(utc(2026, 1, 1), 3)
+    assert [s.date().isoformat() for s in slots] == ["2026-01-05", "2026-01-12", "2026-01-19"]
+    monthly = cron.Schedule("0 0 1 * ?").slots(utc(2026, 1, 1), 2)
+    assert [s.date().isoformat() for s in monthly] == ["2026-02-01", "2026-03-01"]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["R * * * *", "r * * * *", "R(0-5) * * * *", "0 R * * *", "0 0 15W * *", "0 0 15w * *",
+     "0 0 1,15W * *", "0 0 1-15W * *", "0 0 * * 1/R"],
+)  # fmt: skip
+def test_random_values_and_nearest_weekdays_are_refused(expr: str) -> None:
+    # R drew a new value at each parse, so the slots moved between two ticks of
+    # the scheduler; 15W (the weekday nearest the 15th) ran on the 15th.
+    with pytest.raises(InvalidInput, match="is not classic cron"):
+        cron.Schedule(expr)
+
+
 def test_next_slot_is_strictly_after() -> None:
     schedule = cron.Schedule("*/5 * * * *")
     assert schedule.next_slot(utc(2026, 1, 1, 10, 5)) == utc(2026, 1, 1, 10, 10)
