@@ -227,12 +227,14 @@ LIMIT 500
 -- name: web_schedule_run
 -- A schedule's job now, outside its slots ("run now" in the console): its slot
 -- is the moment it was asked for, and it has no idempotency key, so asking
--- twice makes two jobs; a Forbid schedule sees it as its latest job.
+-- twice makes two jobs; a Forbid schedule sees it as its latest job. Its
+-- group is the schedule's, as for the jobs of its slots: the group's limits
+-- count it.
 WITH made AS (
-    INSERT INTO rota.job (type, payload, max_attempts, priority, timeout_seconds,
+    INSERT INTO rota.job (type, payload, max_attempts, priority, timeout_seconds, group_key,
                           schedule_id, slot, run_at, created_at)
     SELECT job_type, payload, coalesce(max_attempts, %(max_attempts)s), coalesce(priority, 0),
-           timeout_seconds, id, coalesce(%(now)s::timestamptz, now()),
+           timeout_seconds, group_key, id, coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
     FROM rota.schedule
     WHERE name = %(name)s

@@ -120,6 +120,20 @@ def test_run_a_schedule_now_is_audited_and_shown_among_its_recent_jobs(client, c
     assert client.post("/schedules/nope/run", headers=JSON).status_code == 404
 
 
+def test_a_schedule_run_now_makes_the_job_its_slots_make(client, conn):
+    # Its group too: a job outside the group would not count against the
+    # group's limit (a tenant's concurrency of 1 would run two at once).
+    spec = schedule_store.ScheduleSpec(
+        "tenant-sync", "sync", "*/5 * * * *", payload={"tenant": 7}, priority=3,
+        timeout_seconds=45.0, group="tenant-7", max_attempts=4,
+    )  # fmt: skip
+    schedule_store.upsert(conn, spec)
+    assert client.post("/schedules/tenant-sync/run", headers=JSON).status_code == 200
+    job = conn.execute("SELECT * FROM rota.job").fetchone()
+    assert (job["type"], job["payload"], job["group_key"]) == ("sync", {"tenant": 7}, "tenant-7")
+    assert (job["priority"], job["timeout_seconds"], job["max_attempts"]) == (3, 45.0, 4)
+
+
 def test_a_viewer_cannot_run_a_schedule(db_url, conn):
     schedule_store.upsert(conn, schedule_store.ScheduleSpec("s", "report", "* * * * *"))
     with make_client(db_url, auth=AuthSettings()) as c:
