@@ -7,15 +7,27 @@ variables (a Deployment's `env:`), parsed here and nowhere else.
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+from rota import limits
+
+T = TypeVar("T")
 
 INSTANCE_LABEL = "rota.dev/instance"
 """The label that says which installation's operator owns a JobSchedule or WorkerPool."""
 
 _PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?")
+
+
+class SettingsError(ValueError):
+    """An environment variable the operator cannot use, named with its rule: the
+    operator stops at start with this one line (exit 2), under `rota-operator`
+    and `kopf run -m rota_operator` alike."""
 
 
 @dataclass(frozen=True)
@@ -71,28 +83,59 @@ class Settings:
         default = cls()
         instance = env.get("ROTA_INSTANCE", "").strip()
         if instance and not _PREFIX.fullmatch(instance):
-            raise ValueError(
-                f"ROTA_INSTANCE {instance!r}: lower-case letters, digits and '-', at most 42"
+            raise SettingsError(
+                "ROTA_INSTANCE must be lower-case letters, digits and '-', at most 42,"
+                f" starting and ending with a letter or digit, not {instance!r}"
             )
         peering = env.get("ROTA_PEERING_NAME", "") or (
             f"{default.peering_name}-{instance}" if instance else default.peering_name
         )
+
+        def read(name: str, parse: Callable[[str], T | None], rule: str, fallback: T) -> T:
+            """The variable `name` read by `parse` (None or ValueError: against `rule`);
+            unset or blank, `fallback`."""
+            text = env.get(name, "").strip()
+            if not text:
+                return fallback
+            try:
+                value: T | None = parse(text)
+            except ValueError:
+                value = None
+            if value is None:
+                raise SettingsError(f"{name} must be {rule}, not {env[name]!r}")
+            return value
+
         return cls(
             database_url=env.get("ROTA_DATABASE_URL", default.database_url),
             instance=instance,
             namespaces=_names(env.get("ROTA_NAMESPACES", "")),
-            schedule_sync_seconds=float(
-                env.get("ROTA_SCHEDULE_SYNC_SECONDS", default.schedule_sync_seconds)
+            schedule_sync_seconds=read(
+                "ROTA_SCHEDULE_SYNC_SECONDS", _seconds, _SECONDS, default.schedule_sync_seconds
             ),
-            poll_interval_seconds=int(
-                env.get("ROTA_POLL_INTERVAL_SECONDS", default.poll_interval_seconds)
+            poll_interval_seconds=read(
+                "ROTA_POLL_INTERVAL_SECONDS",
+                _whole_seconds,
+                "a whole number of seconds from 1 to 86400",
+                default.poll_interval_seconds,
             ),
-            metrics_port=int(env.get("ROTA_METRICS_PORT", default.metrics_port)),
+            metrics_port=read(
+                "ROTA_METRICS_PORT",
+                _port,
+                "a port from 0 to 65535, or -1 for no server",
+                default.metrics_port,
+            ),
             metrics_host=env.get("ROTA_METRICS_HOST", default.metrics_host),
             peering_name=peering,
-            standalone=_flag(env.get("ROTA_STANDALONE", "")),
-            peering_priority=int(env.get("ROTA_PEERING_PRIORITY", default.peering_priority)),
-            retry_max_seconds=float(env.get("ROTA_RETRY_MAX_SECONDS", default.retry_max_seconds)),
+            standalone=read("ROTA_STANDALONE", _flag, "true or false", default.standalone),
+            peering_priority=read(
+                "ROTA_PEERING_PRIORITY",
+                limits.whole_text,
+                "a whole number",
+                default.peering_priority,
+            ),
+            retry_max_seconds=read(
+                "ROTA_RETRY_MAX_SECONDS", _seconds, _SECONDS, default.retry_max_seconds
+            ),
         )
 
     @property
@@ -113,5 +156,27 @@ def _names(value: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
-def _flag(value: str) -> bool:
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+_SECONDS = "a number of seconds more than 0 and at most 86400"
+
+
+def _seconds(text: str) -> float | None:
+    seconds = limits.number_text(text)
+    return seconds if 0 < seconds <= 86400 and math.isfinite(seconds) else None
+
+
+def _whole_seconds(text: str) -> int | None:
+    seconds = limits.whole_text(text)
+    return seconds if 1 <= seconds <= 86400 else None
+
+
+def _port(text: str) -> int | None:
+    port = limits.whole_text(text)
+    return port if -1 <= port <= 65535 else None
+
+
+def _flag(value: str) -> bool | None:
+    word = value.strip().lower()
+    return True if word in {"1", "true", "yes", "on"} else False if word in _OFF else None
+
+
+_OFF = {"0", "false", "no", "off"}

@@ -78,6 +78,21 @@ def test_a_connection_option_libpq_refuses_stops_it_at_start(db_url: str) -> Non
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("ROTA_INSTANCE", "Blue"), ("ROTA_POLL_INTERVAL_SECONDS", "abc"), ("ROTA_METRICS_PORT", "x")],
+)
+def test_a_setting_it_cannot_use_stops_it_at_start_in_one_line(
+    db_url: str, name: str, value: str
+) -> None:
+    env = {**os.environ, "ROTA_DATABASE_URL": db_url, name: value}
+    for command in ([str(SCRIPT)], [sys.executable, "-m", "kopf", "run", "-m", "rota_operator"]):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"rota-operator: error: {name} ") and line.endswith(f"not {value!r}")
+
+
 def test_a_database_away_at_start_is_retried_object_by_object(
     kube_api: Api, db_url: str, tmp_path: pathlib.Path
 ) -> None:

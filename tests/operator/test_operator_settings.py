@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rota_operator.settings import Settings
+from rota_operator.settings import Settings, SettingsError
 
 
 def test_defaults() -> None:
@@ -58,3 +58,34 @@ def test_an_instance_scopes_the_finalizer_annotations_and_peering() -> None:
 def test_an_instance_must_fit_a_dns_label(bad: str) -> None:
     with pytest.raises(ValueError, match="ROTA_INSTANCE"):
         Settings.from_environ({"ROTA_INSTANCE": bad})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("ROTA_SCHEDULE_SYNC_SECONDS", "abc", "a number of seconds more than 0"),
+        ("ROTA_SCHEDULE_SYNC_SECONDS", "nan", "a number of seconds more than 0"),
+        ("ROTA_SCHEDULE_SYNC_SECONDS", "inf", "a number of seconds more than 0"),
+        ("ROTA_SCHEDULE_SYNC_SECONDS", "0", "a number of seconds more than 0"),
+        ("ROTA_SCHEDULE_SYNC_SECONDS", "1e9", "a number of seconds more than 0 and at most 86400"),
+        ("ROTA_POLL_INTERVAL_SECONDS", "1.5", "a whole number of seconds from 1"),
+        ("ROTA_POLL_INTERVAL_SECONDS", "0", "a whole number of seconds from 1"),
+        ("ROTA_POLL_INTERVAL_SECONDS", "1_0", "a whole number of seconds from 1"),
+        ("ROTA_METRICS_PORT", "70000", "a port from 0 to 65535, or -1"),
+        ("ROTA_METRICS_PORT", "http", "a port from 0 to 65535, or -1"),
+        ("ROTA_PEERING_PRIORITY", "high", "a whole number"),
+        ("ROTA_RETRY_MAX_SECONDS", "-5", "a number of seconds more than 0"),
+        ("ROTA_STANDALONE", "maybe", "true or false"),
+    ],
+)
+def test_a_setting_it_cannot_use_is_named_with_its_rule(
+    name: str, value: str, message: str
+) -> None:
+    with pytest.raises(SettingsError, match=rf"^{name} must be {message}.*, not {value!r}$"):
+        Settings.from_environ({name: value})
+
+
+def test_an_empty_setting_is_its_default() -> None:
+    names = ["ROTA_SCHEDULE_SYNC_SECONDS", "ROTA_POLL_INTERVAL_SECONDS", "ROTA_METRICS_PORT",
+             "ROTA_PEERING_PRIORITY", "ROTA_RETRY_MAX_SECONDS", "ROTA_STANDALONE"]  # fmt: skip
+    assert Settings.from_environ(dict.fromkeys(names, " ")) == Settings()
