@@ -14,7 +14,7 @@ otherwise pile up for good: never one whose window may still refuse a job
 
 It runs as the built-in schedule ``rota/archive`` (job type ``rota.archive``,
 settings in the schedule's payload) and as ``rota archive``. It never touches
-ready or running jobs.
+ready, running or waiting jobs.
 """
 
 from __future__ import annotations

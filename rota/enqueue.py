@@ -7,7 +7,7 @@ async functions) or an ORM's (see rota.db). Each call is one round trip. A
 duplicate idempotency key never makes a second row; it gives the id of the row
 that holds the key. A key given with `unique_for` holds only for that many
 seconds after its first job, and one given with `unique_active` only while its
-job is ready or running (see `_unique_steps`).
+job is ready, running or waiting (see `_unique_steps`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def enqueue(
     `group` is the job's concurrency group (a tenant, an account), stored with it.
     With `unique_for` (seconds) the key gives the existing id only within that
     window after its first job; with `unique_active` only while that job is
-    ready or running.
+    ready, running or waiting.
     """
     fields = (job_type, payload, key, run_at, delay, max_attempts, priority, timeout, group)
     job = NewJob(*fields, unique_for=unique_for, unique_active=unique_active)

@@ -182,5 +182,5 @@ class NewJob:
     """Seconds after the first job with `key` during which the key gives that
     job's id instead of making a new job; None: no window."""
     unique_active: bool = False
-    """`key` is held only while its job is ready or running: once it has
+    """`key` is held only while its job is ready, running or waiting: once it has
     finished, the key makes a new job."""

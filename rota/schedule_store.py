@@ -52,7 +52,8 @@ class ScheduleSpec:
     """A slot makes a job only this many seconds or more after the slot of the
     schedule's last job; the slots between are skipped (None: every slot)."""
     unique_active: bool = False
-    """A slot makes no job (it is skipped) while a job of the schedule is ready or running."""
+    """A slot makes no job (it is skipped) while a job of the schedule is ready, running
+    or waiting."""
 
 
 def validate(spec: ScheduleSpec) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 from typing import Any
 
@@ -93,9 +92,10 @@ async def watch_peering(memo: kopf.Memo, **_: Any) -> None:
     if settings.standalone:
         logger.info("Standalone: no peering (a single replica).")
         return
-    interval = float(os.environ.get("ROTA_PEERING_WAIT_LOG_SECONDS") or 30)
     api = kube.Kube(await asyncio.to_thread(kube.load_client))
-    memo.peering_report = asyncio.create_task(report_peering_wait(api, settings, interval))
+    memo.peering_report = asyncio.create_task(
+        report_peering_wait(api, settings, settings.peering_wait_log_seconds)
+    )
 
 
 @kopf.on.cleanup()

@@ -76,6 +76,10 @@ class Settings:
     retry_max_seconds: float = 300.0
     """ROTA_RETRY_MAX_SECONDS: the cap of the backoff when the database is unavailable."""
 
+    peering_wait_log_seconds: float = 30.0
+    """ROTA_PEERING_WAIT_LOG_SECONDS: while mandatory peering keeps the operator
+    paused, how often it says what is missing (`rota-operator` only)."""
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Settings from environment variables (os.environ by default), defaults for the rest."""
@@ -135,6 +139,12 @@ class Settings:
             ),
             retry_max_seconds=read(
                 "ROTA_RETRY_MAX_SECONDS", _seconds, _SECONDS, default.retry_max_seconds
+            ),
+            peering_wait_log_seconds=read(
+                "ROTA_PEERING_WAIT_LOG_SECONDS",
+                _seconds,
+                _SECONDS,
+                default.peering_wait_log_seconds,
             ),
         )
 

@@ -61,7 +61,7 @@ def register(sub: Any) -> None:
     unique_flags(
         p,
         "with --key: the key gives the existing id only this long after its first job",
-        "with --key: the key gives the existing id only while its job is ready or running",
+        "with --key: the key gives the existing id only while its job is ready, running or waiting",
     )
     p.add_argument(
         "--group", metavar="G", help="the job's concurrency group (a tenant, an account)"

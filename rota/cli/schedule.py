@@ -64,7 +64,7 @@ def register(sub: Any) -> None:
     unique_flags(
         p,
         "skip a slot less than this long after the slot of the schedule's last job",
-        "skip a slot while a job of the schedule is ready or running",
+        "skip a slot while a job of the schedule is ready, running or waiting",
     )
     p.add_argument("--suspend", action="store_true", help="store it suspended")
     p.set_defaults(func=cmd_add)

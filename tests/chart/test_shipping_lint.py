@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -47,3 +48,11 @@ def test_images_run_their_command_as_a_numeric_non_root_user() -> None:
         assert f"ENTRYPOINT {entrypoint}" in final_stage, name
         assert "COPY --from=build /opt/rota /opt/rota" in final_stage, name
         assert "org.opencontainers.image.title" in final_stage, name
+
+
+def test_an_image_built_without_a_version_is_labelled_with_the_package_s() -> None:
+    # `docker build` without --build-arg VERSION labelled the images 0.1.0.
+    version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    for name in ("Dockerfile.worker", "Dockerfile.operator"):
+        assert f"ARG VERSION={version[1]}\n" in (ROOT / name).read_text(), name

@@ -27,6 +27,7 @@ def test_from_environment() -> None:
             "ROTA_PEERING_NAME": "rota",
             "ROTA_PEERING_PRIORITY": "42",
             "ROTA_RETRY_MAX_SECONDS": "60",
+            "ROTA_PEERING_WAIT_LOG_SECONDS": "2.5",
         }
     )
     assert settings.database_url == "postgresql://db/rota"
@@ -35,6 +36,7 @@ def test_from_environment() -> None:
     assert (settings.metrics_port, settings.standalone) == (-1, True)
     assert (settings.peering_name, settings.peering_priority) == ("rota", 42)
     assert [settings.retry_delay(n) for n in (0, 1, 5, 6, 50)] == [1.0, 2.0, 32.0, 60.0, 60.0]
+    assert settings.peering_wait_log_seconds == 2.5
 
 
 def test_an_instance_scopes_the_finalizer_annotations_and_peering() -> None:
@@ -76,6 +78,8 @@ def test_an_instance_must_fit_a_dns_label(bad: str) -> None:
         ("ROTA_PEERING_PRIORITY", "high", "a whole number"),
         ("ROTA_RETRY_MAX_SECONDS", "-5", "a number of seconds more than 0"),
         ("ROTA_STANDALONE", "maybe", "true or false"),
+        ("ROTA_PEERING_WAIT_LOG_SECONDS", "abc", "a number of seconds more than 0"),
+        ("ROTA_PEERING_WAIT_LOG_SECONDS", "0", "a number of seconds more than 0"),
     ],
 )
 def test_a_setting_it_cannot_use_is_named_with_its_rule(
@@ -87,5 +91,6 @@ def test_a_setting_it_cannot_use_is_named_with_its_rule(
 
 def test_an_empty_setting_is_its_default() -> None:
     names = ["ROTA_SCHEDULE_SYNC_SECONDS", "ROTA_POLL_INTERVAL_SECONDS", "ROTA_METRICS_PORT",
-             "ROTA_PEERING_PRIORITY", "ROTA_RETRY_MAX_SECONDS", "ROTA_STANDALONE"]  # fmt: skip
+             "ROTA_PEERING_PRIORITY", "ROTA_RETRY_MAX_SECONDS", "ROTA_STANDALONE",
+             "ROTA_PEERING_WAIT_LOG_SECONDS"]  # fmt: skip
     assert Settings.from_environ(dict.fromkeys(names, " ")) == Settings()

@@ -2,12 +2,13 @@
 
 A thread cannot be stopped from outside. When an attempt is stopped (timeout,
 cancel request, lost lease) the handler sees ``job.cancelled`` set and should
-return. A thread that does not *overruns* its stop: it is logged and counted,
-and its attempt keeps its slot (and its lease, renewed) until the thread really
-returns, so that a concurrency limit still counts it and no second handler
-starts beside it. Once the overrunning threads reach the worker's concurrency,
-/healthz fails so that Kubernetes restarts the pod (the only way to reclaim
-them). A second cancel (the event loop going away at exit) is not waited out.
+return. A thread that has not returned `HEED_SECONDS` after its stop *overruns*
+it: it is logged and counted, and its attempt keeps its slot (and its lease,
+renewed) until the thread really returns, so that a concurrency limit still
+counts it and no second handler starts beside it. Once the overrunning threads
+reach the worker's concurrency, /healthz fails so that Kubernetes restarts the
+pod (the only way to reclaim them). A second cancel (the event loop going away
+at exit) is not waited out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from rota.handlers import Context, Handler
 from rota.jobs import Job
 
 log = logging.getLogger("rota.worker")
+
+HEED_SECONDS = 1.0
+"""How long a stopped handler's thread may take to return before it counts as
+running on past its stop: one that heeds `job.cancelled` returns within moments."""
 
 
 class ThreadRunner:
@@ -56,6 +61,10 @@ class ThreadRunner:
         call = functools.partial(handlers.call, handler, job, context)
         future = self._pool.submit(contextvars.copy_context().run, call)
         waited = asyncio.wrap_future(future)
+        # Once the attempt is stopped nobody awaits the thread's answer (the stop
+        # decides the outcome): read it when it comes, so that what the handler
+        # raised is never reported as an exception left unread.
+        waited.add_done_callback(_read)
         try:
             return await asyncio.shield(waited)
         except asyncio.CancelledError:
@@ -64,7 +73,10 @@ class ThreadRunner:
             raise
 
     async def _overrun(self, future: Future[object], waited: asyncio.Future[Any], job: Job) -> None:
-        """The attempt was stopped and its thread runs on: wait for it, counted."""
+        """The attempt was stopped and its thread has not returned: wait for it, and
+        count it once it has had `HEED_SECONDS` to return."""
+        if (await asyncio.wait([waited], timeout=HEED_SECONDS))[0]:
+            return
         self._abandon(future)
         log.warning(
             "job %s attempt %s: the handler's thread runs on past its stop; its slot stays"
@@ -86,3 +98,8 @@ class ThreadRunner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _read(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()
