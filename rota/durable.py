@@ -10,7 +10,8 @@ and a loop names its steps (``f"charge-{i}"``).
 `rota.handlers.Context`). It borrows a connection from the worker's
 `RunConnections` and gives it back when the attempt ends, so that a step's
 statement is prepared once per connection rather than once per job, and a
-job's first step does not wait for a new connection. Its writes are
+job's first step does not wait for a new connection (a handler that asks for
+`Run.conn` gets a connection of the run's own instead). Its writes are
 conditional on the job's lease, like outcomes: a worker that lost its lease
 stores nothing (`LeaseLost`). A step runs in a transaction of the run's
 connection (`Run.conn`): what the step writes through it commits with the
@@ -19,7 +20,9 @@ step's result, once, or not at all.
 A sleep, wait or gather whose condition is not met suspends the job in one
 statement (`rota.suspend`, migration 0025): status waiting, the attempt not
 counted, the lease let go. Then `Suspended` ends the attempt and the worker
-frees the slot. This module never decides an attempt's outcome itself.
+frees the slot. A job somebody asked to cancel does not wait (`CancelRequested`),
+nor does an attempt that was stopped (`Cancelled`). This module never decides
+an attempt's outcome itself.
 """
 
 from __future__ import annotations
@@ -50,7 +53,16 @@ from rota.db import (
     errors_wrapped,
     fetch_all,
 )
-from rota.errors import ChildFailed, InvalidInput, LeaseLost, Permanent, Suspended, TimedOut
+from rota.errors import (
+    Cancelled,
+    CancelRequested,
+    ChildFailed,
+    InvalidInput,
+    LeaseLost,
+    Permanent,
+    Suspended,
+    TimedOut,
+)
 from rota.jobs import Job, NewJob, Status
 from rota.reading import make_tolerant
 from rota.settings import ConnectionSettings, QueueSettings
@@ -123,13 +135,14 @@ def trail(conn_or_dsn: ConnOrDsn, job_id: int) -> Trail:
 class RunConnections:
     """The connections a worker's runs borrow, one per run at a time, kept
     between runs (at most `size` of them, each closed after ten idle minutes;
-    none opened before the first run asks). A connection whose run handed it
-    to its handler (`Run.conn`) is closed rather than kept: what the handler
-    set on it stays with it. Once closed (the worker stopped), a run that is
-    still going gets a connection of its own, closed at its end. They prepare
-    statements as the worker's `connection` settings say (not with a pooler in
-    transaction mode); its timeouts are not theirs, since a handler's own
-    statements run on them."""
+    none opened before the first run asks). A borrowed connection never
+    reaches a handler: a run whose handler asks for `Run.conn` gives it back
+    and goes on with a connection of its own (`own`), closed at its end, so
+    that what the handler set on it stays with it. Once closed (the worker
+    stopped), a run that is still going gets a connection of its own too.
+    They prepare statements as the worker's `connection` settings say (not
+    with a pooler in transaction mode); its timeouts are not theirs, since a
+    handler's own statements run on them."""
 
     def __init__(self, dsn: str, size: int, connection: ConnectionSettings | None = None) -> None:
         self.dsn = dsn
@@ -139,10 +152,14 @@ class RunConnections:
         self._closed = False
         self._lock = threading.Lock()
 
+    def own(self) -> Conn:
+        """A connection for one run alone, outside the pool: its run closes it."""
+        return connect(self.dsn, **self._options)
+
     def get(self) -> Conn:
         with self._lock:
             if self._closed:
-                return connect(self.dsn, **self._options)
+                return self.own()
             if self._pool is None:
                 self._pool = ConnectionPool(
                     self.dsn,
@@ -162,8 +179,11 @@ class RunConnections:
         with errors_wrapped():
             return pool.getconn()
 
-    def put(self, conn: Conn, keep: bool) -> None:
-        if keep and not conn.closed:
+    def put(self, conn: Conn) -> None:
+        """Give back a connection `get` lent; one that cannot be rolled back is
+        closed (the pool opens another in its place)."""
+        keep = not conn.closed
+        if keep:
             try:
                 if conn.info.transaction_status != pq.TransactionStatus.IDLE:
                     conn.rollback()
@@ -174,7 +194,7 @@ class RunConnections:
         if not keep or pool is None:
             conn.close()
         if pool is not None:
-            pool.putconn(conn)  # closed or not: the pool's count of connections goes down
+            pool.putconn(conn)
 
     def close(self) -> None:
         with self._lock:
@@ -203,6 +223,11 @@ class Run:
         self._conn: Conn | None = None
         self._raw: psycopg.RawCursor[tuple[Any, ...]] | None = None
         self._lent = False
+        """The handler asked for `conn`: until then the run's connection is one it
+        borrowed from `connections`, from then on one of its own."""
+        self._ended = False
+        """The attempt is over (`close`): a durable call still on its way (an async
+        handler's, in a thread the handler left) borrows no connection."""
         self._stored: dict[str, Any] | None = None
         self._names: set[str] = set()
         self._counts = {"sleep": 0, "gather": 0, "spawn": 0}
@@ -217,35 +242,48 @@ class Run:
         """The run's connection (not autocommit). Inside a step, what is written
         through it commits with the step's result; elsewhere commit it yourself."""
         with self._lock:
-            conn = self._own()
             if not self._lent:
-                # Until a handler asks for it, the run's own statements each commit
-                # by themselves; from here on they join the handler's transaction.
+                # The handler may leave anything on it: the run gives back the
+                # connection it borrowed and goes on with one of its own. Until
+                # now its statements each committed by themselves; from here on
+                # they join the handler's transaction.
+                self._give_back()
                 self._lent = True
                 with errors_wrapped():
-                    conn.autocommit = False
-            return conn
+                    self._own().autocommit = False
+            return self._own()
 
     def _own(self) -> Conn:
         with self._lock:
+            if self._ended:
+                raise Cancelled(f"job {self.job.id}: its run has ended")
             if self._conn is None:
-                if self._connections is not None:
-                    self._conn = self._connections.get()
-                else:
+                if self._connections is None:
                     self._conn = connect(self.dsn)
+                elif self._lent:
+                    self._conn = self._connections.own()
+                else:
+                    self._conn = self._connections.get()
             return self._conn
+
+    def _give_back(self) -> None:
+        """Let go of the run's connection: a borrowed one goes back to the worker,
+        one of its own is closed."""
+        with self._lock:
+            conn, self._conn, raw, self._raw = self._conn, None, self._raw, None
+            if raw is not None:
+                raw.close()
+            if conn is None:
+                return
+            if self._connections is not None and not self._lent:
+                self._connections.put(conn)
+            else:
+                conn.close()
 
     def close(self) -> None:
         with self._lock:
-            conn, self._conn, raw, self._raw = self._conn, None, self._raw, None
-        if raw is not None:
-            raw.close()
-        if conn is None:
-            return
-        if self._connections is not None:
-            self._connections.put(conn, keep=not self._lent)
-        else:
-            conn.close()
+            self._ended = True
+        self._give_back()
 
     # Steps
 
@@ -375,6 +413,7 @@ class Run:
     ) -> int:
         """Enqueue a child once per this job and `name` (default: the n-th spawn of
         the run); its id, the same on every run."""
+        self.job.raise_if_cancelled()  # a stopped attempt makes no new child
         count = self._next("spawn")
         name = limits.name(str(count) if name is None else name, "spawn name")
         params = _child_params(self.job.id, name, job_type, payload, options)
@@ -415,6 +454,8 @@ class Run:
         with self._lock:
             if self._in_step:
                 raise Permanent(f"{name} inside a step: a step cannot wait")
+        # A stopped attempt does not wait: it ends as its stop says.
+        self.job.raise_if_cancelled()
         if children is not None:
             self._check_children(children)
         params = {
@@ -431,6 +472,8 @@ class Run:
         state = str(self._write(sql.query("suspend"), params)[0]["state"])
         if state == "lost":
             raise LeaseLost(f"job {self.job.id}: lease lost before it could wait on {name}")
+        if state == "cancelled":  # asked while it ran: its worker has not heard yet
+            raise CancelRequested(f"job {self.job.id}: cancel requested; no wait on {name}")
         if state == "waiting":
             raise Suspended(self.job.id, name)
         return state

@@ -109,3 +109,9 @@ class Suspended(Exception):
 
 class LeaseLost(Cancelled):
     """The job's lease was gone when its run wrote a step or a wait: nothing was written."""
+
+
+class CancelRequested(Cancelled):
+    """Somebody asked to cancel the job before its worker heard of it, and its run
+    found out at a sleep, wait or gather: the job does not wait, the attempt ends
+    cancelled."""

@@ -111,12 +111,15 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(columns | dataclasses.asdict(done))
     else:
-        print(_described(columns, stored) + _trail(done), end="")
+        print(_described(columns, stored) + _trail(done, columns["status"]), end="")
     return 0
 
 
-def _trail(done: durable.Trail) -> str:
-    """A durable job's steps, waits and children, a line each (nothing for other jobs)."""
+def _trail(done: durable.Trail, status: str) -> str:
+    """A durable job's steps, waits and children, a line each (nothing for other jobs).
+    A wait not ended is open while the job waits; one of a job that no longer
+    waits (cancelled while it waited) was left as it was."""
+    not_ended = "open" if status == "waiting" else f"not ended: job {status}"
     lines = []
     if done.steps:
         lines.append("steps:")
@@ -129,7 +132,7 @@ def _trail(done: durable.Trail) -> str:
         lines.append("waits:")
         lines += [
             f"  {w['name']}  until {_value(w['until'])}  since {_value(w['started_at'])}  "
-            + (f"ended by {w['ended_by']} {_value(w['ended_at'])}" if w["ended_by"] else "open")
+            + (f"ended by {w['ended_by']} {_value(w['ended_at'])}" if w["ended_by"] else not_ended)
             for w in done.waits
         ]
     if done.children:

@@ -34,9 +34,19 @@ SELECT child_id FROM rota.job_child
 WHERE parent_id = %(parent)s AND child_id = ANY(%(ids)s::bigint[])
 
 -- name: suspend
-SELECT rota.suspend(%(job)s, %(attempt)s, %(worker)s, %(name)s, %(kind)s, %(key)s,
-                    %(children)s::bigint[], %(seconds)s::float8,
-                    %(now)s::timestamptz) AS state
+-- rota.suspend, unless somebody asked to cancel the job while it ran: then
+-- 'cancelled', nothing written (the job runs on, and its worker writes it
+-- cancelled). The job's row is locked first, as rota.cancel locks it: a cancel
+-- committed before is seen here, one after finds the job waiting and ends it.
+SELECT CASE
+    WHEN (SELECT j.cancel_requested_at IS NOT NULL FROM rota.job AS j
+          WHERE j.id = %(job)s AND j.status = 'running' AND j.locked_by = %(worker)s
+            AND j.attempts = %(attempt)s
+          FOR NO KEY UPDATE)
+        THEN 'cancelled'
+    ELSE rota.suspend(%(job)s, %(attempt)s, %(worker)s, %(name)s, %(kind)s, %(key)s,
+                      %(children)s::bigint[], %(seconds)s::float8, %(now)s::timestamptz)
+END AS state
 
 -- name: emit
 SELECT rota.emit(%(key)s, %(payload)s::jsonb) AS woken

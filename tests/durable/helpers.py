@@ -43,3 +43,32 @@ def later(conn: Any, seconds: float) -> datetime:
     """The database clock, `seconds` from now."""
     now: datetime = conn.execute("SELECT now() AS now").fetchone()["now"]
     return now + timedelta(seconds=seconds)
+
+
+ISOLATION_HANDLERS = "tests.durable.isolation_handlers"
+"""The module of handlers a worker imports in its child processes (process isolation)."""
+
+
+def isolated(conn: Any) -> dict[str, Handler]:
+    """The handlers of tests/durable/isolation_handlers.py, by type, with the tables
+    they write to made in the test's database."""
+    import tests.durable.isolation_handlers  # noqa: F401  (registers them)
+    from rota.handlers import registered
+
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS effect (n bigserial, job_id bigint, what text, pid int)"
+    )
+    conn.execute("CREATE TABLE IF NOT EXISTS gate (job_id bigint, point text)")
+    return {t: h for t, h in registered().items() if t.startswith("iso.")}
+
+
+def effects(conn: Any, job_id: int) -> list[tuple[str, int]]:
+    """What a job's handlers did (isolation_handlers.record), in order, with the process."""
+    rows = conn.execute(
+        "SELECT what, pid FROM effect WHERE job_id = %s ORDER BY n", (job_id,)
+    ).fetchall()
+    return [(r["what"], r["pid"]) for r in rows]
+
+
+def did(conn: Any, job_id: int, what: str) -> bool:
+    return any(done == what for done, _ in effects(conn, job_id))

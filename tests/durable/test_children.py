@@ -145,3 +145,18 @@ def ended_once(conn: Any, job_id: int) -> dict[str, Any] | None:
     """The job's row once its first attempt has ended (written), else None."""
     found = row(conn, job_id)
     return found if found["attempts"] and found["status"] != "running" else None
+
+
+def spawns_after_its_stop(job: Job, ctx: rota.Context) -> Any:
+    assert job.cancelled.wait(30), "the attempt was not stopped"
+    return ctx.spawn("double", {"n": 1})
+
+
+def test_a_stopped_attempt_spawns_no_child(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "spawns.after.its.stop", timeout=0.5, max_attempts=1)
+    stops = handlers(spawns_after_its_stop=spawns_after_its_stop)
+    with running(db_url, stops, concurrency=1):
+        found = until_status(conn, job_id, "dead", "failed", "done")
+    assert found["last_error"].startswith("Timeout: the attempt ran longer"), found["last_error"]
+    children = conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (job_id,))
+    assert children.fetchall() == []

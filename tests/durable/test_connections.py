@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import rota
 from rota.claim import claim
 from rota.durable import Run, RunConnections
-from rota.errors import LeaseLost
+from rota.errors import Cancelled, LeaseLost
 from rota.jobs import Job
 from tests.durable.helpers import handlers as durable_handlers
 from tests.durable.helpers import running, until_status
@@ -65,6 +66,24 @@ def test_a_connection_handed_to_a_handler_is_not_kept(conn, db_url, connections)
     assert conn.execute("SELECT to_regclass('left_open') AS t").fetchone() == {"t": None}
 
 
+def test_a_connection_handed_to_a_handler_ends_without_a_warning(
+    conn, db_url, connections, caplog
+) -> None:
+    # Every job that used ctx.conn logged psycopg's "discarding closed connection".
+    caplog.set_level(logging.INFO)
+    for _ in range(2):
+        lent = Run(db_url, "w", _claimed(conn), connections)
+        lent.step("a", lambda: 1)
+        lent.conn.execute("SELECT 1")
+        lent.step("b", lambda: 2)
+        lent.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == []
+    assert connections._pool is not None
+    stats = connections._pool.get_stats()
+    assert stats.get("pool_size") == stats.get("pool_available") == 1
+
+
 def test_a_step_that_raised_leaves_nothing_open_for_the_next_run(conn, db_url, connections) -> None:
     def fails() -> None:
         raise RuntimeError("inside the step")
@@ -95,6 +114,27 @@ def test_a_run_still_going_when_the_worker_stops_gets_its_own_connection(
     late = Run(db_url, "w", _claimed(conn), connections)
     assert late.step("a", lambda: 2) == 2
     late.close()
+
+
+def test_a_durable_call_after_its_run_ended_borrows_no_connection(conn, db_url) -> None:
+    # An async handler's durable call runs in a thread, which goes on when the
+    # handler ends without it (it raised beside an `asyncio.gather` of spawns,
+    # its task was cancelled): such a call may come after its run has ended.
+    connections = RunConnections(db_url, 1)
+    try:
+        ended = Run(db_url, "w", _claimed(conn), connections)
+        ended.step("a", lambda: 1)
+        ended.close()
+        with pytest.raises(Cancelled, match="its run has ended"):
+            ended.spawn("c", {"v": 1})
+        children = conn.execute("SELECT id FROM rota.job WHERE parent_id IS NOT NULL")
+        assert children.fetchall() == []
+        # The pool's one connection is free for the next run (else it waits 30 s).
+        after = Run(db_url, "w", _claimed(conn), connections)
+        assert after.step("a", lambda: 2) == 2
+        after.close()
+    finally:
+        connections.close()
 
 
 @pytest.mark.parametrize("lent", [False, True], ids=["own statements", "through run.conn"])

@@ -1,6 +1,6 @@
-"""The races of waits, with the interleavings held by hand: an emit or a child's
-end that commits while its job is suspending is never lost, whichever of the
-two transactions takes the lock first."""
+"""The races of waits, with the interleavings held by hand: an emit, a child's
+end or a cancel that commits while its job is suspending is never lost,
+whichever of the two transactions takes the lock first."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+import rota
+from rota import sql
 from tests.acceptance.procs import wait_for
 from tests.durable.helpers import row
 
@@ -99,3 +101,52 @@ def test_a_parent_suspending_before_its_last_child_ends_is_woken(conn, db_url) -
     thread.join(30)
     assert out["row"]["id"] == child
     assert row(conn, parent)["status"] == "ready"
+
+
+SLEEP = {"job": None, "attempt": 1, "worker": "w", "name": "sleep:1", "kind": "sleep",
+         "key": None, "children": None, "seconds": 3600, "now": None}  # fmt: skip
+"""The parameters of a run's suspend statement (rota/sql/durable.sql), for a sleep."""
+
+
+def _cancel_in_thread(db_url: str, job: int) -> tuple[Any, dict[str, Any]]:
+    """`rota.cancel` of `job` on a connection of its own in a thread; its pid and,
+    once it returns, the jobs it ended (under "ended")."""
+    other = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
+    out: dict[str, Any] = {"pid": other.info.backend_pid}
+
+    def run() -> None:
+        with other:
+            out["ended"] = rota.cancel(other, [job]).ended
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_a_cancel_committing_while_its_job_suspends_is_seen(conn, db_url) -> None:
+    job = _running_job(conn)
+    with psycopg.connect(db_url, row_factory=dict_row) as canceller:
+        canceller.execute("SELECT 1")  # a transaction of the test's: rota.cancel commits none
+        assert rota.cancel(canceller, [job]).requested == [job]  # holds the row, not committed
+        thread, out = _in_thread(db_url, sql.query("suspend"), {**SLEEP, "job": job})
+        wait_for(_blocked(conn, out["pid"]), what="the suspend to wait for the job's row")
+        canceller.commit()
+    thread.join(30)
+    assert out["row"]["state"] == "cancelled"  # it does not wait: its worker ends it
+    found = row(conn, job)
+    assert (found["status"], found["attempts"]) == ("running", 1)
+    assert conn.execute("SELECT 1 FROM rota.job_wait WHERE job_id = %s", (job,)).fetchall() == []
+
+
+def test_a_job_suspending_before_the_cancel_is_cancelled_by_it(conn, db_url) -> None:
+    job = _running_job(conn)
+    with psycopg.connect(db_url, row_factory=dict_row) as waiter:
+        state = waiter.execute(sql.query("suspend"), {**SLEEP, "job": job}).fetchone()
+        assert state["state"] == "waiting"  # not committed: holds the job's row
+        thread, out = _cancel_in_thread(db_url, job)
+        wait_for(_blocked(conn, out["pid"]), what="the cancel to wait for the job's row")
+        waiter.commit()
+    thread.join(30)
+    assert out["ended"] == [job]
+    found = row(conn, job)
+    assert (found["status"], found["last_error"]) == ("cancelled", "Cancelled: while it waited")

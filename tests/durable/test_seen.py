@@ -13,6 +13,7 @@ from rota.cli import main
 from rota.jobs import Job, Status
 from rota.status import queue_age, read_status
 from tests.durable.helpers import handlers, later, running, until_status
+from tests.web.conftest import BEARER, make_client
 
 
 def ships(job: Job, ctx: rota.Context) -> Any:
@@ -127,3 +128,20 @@ def test_cancel_by_type_ends_the_waiting_jobs_of_the_type(conn, db_url) -> None:
     result = control.cancel_matching(conn, "ships", Status.WAITING)
     assert children and result.ended == sorted([job_id, *children])  # with its children
     assert until_status(conn, job_id, "cancelled")["last_error"] == "Cancelled: while it waited"
+
+
+def test_a_cancelled_jobs_wait_is_not_shown_waiting(conn, db_url, monkeypatch, capsys) -> None:
+    # A job cancelled while it waited keeps its wait's row as it was (not ended):
+    # `rota jobs show` and the console say the job ended, not that it waits.
+    job_id = rota.enqueue(conn, "ships")
+    with running(db_url, HANDLERS, concurrency=1):
+        until_status(conn, job_id, "waiting")
+    rota.cancel(conn, [job_id])
+    monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
+    assert main(["jobs", "show", str(job_id)]) == 0
+    waits = capsys.readouterr().out.split("waits:\n", 1)[1].splitlines()[0]
+    assert waits.endswith("not ended: job cancelled"), waits
+    with make_client(db_url) as client:
+        page = client.get(f"/jobs/{job_id}", headers=BEARER).text
+    ended = page.split('id="waits"', 1)[1].split("</table>", 1)[0]
+    assert "not ended: job cancelled" in ended and ">waiting<" not in ended

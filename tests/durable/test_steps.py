@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import rota
+from rota import control
 from rota.jobs import Job
 from rota.settings import BackoffSettings
 from tests.acceptance.procs import wait_for
@@ -149,3 +150,25 @@ def ended_once(conn: Any, job_id: int) -> dict[str, Any] | None:
     """The job's row once its first attempt has ended (written), else None."""
     found = row(conn, job_id)
     return found if found["attempts"] and found["status"] != "running" else None
+
+
+def dies_after_a_step(job: Job, ctx: rota.Context) -> Any:
+    def effect(name: str) -> str:
+        ran[f"{job.id}:{name}"] += 1
+        return name
+
+    first = ctx.step("first", effect, "first")
+    if job.last_error is None:
+        raise RuntimeError("its first life ends after one step")
+    return [first, ctx.step("second", effect, "second")]
+
+
+def test_a_dead_job_retried_keeps_its_steps(conn, db_url) -> None:
+    # `rota dead retry` brings the same job back: its stored steps answer again.
+    job_id = rota.enqueue(conn, "dies.after.a.step", max_attempts=1)
+    with running(db_url, handlers(dies_after_a_step=dies_after_a_step), concurrency=1):
+        until_status(conn, job_id, "dead")
+        assert control.retry_dead(conn, [job_id]) == [job_id]
+        done = until_status(conn, job_id, "done", "dead")
+    assert (done["result"], done["attempts"]) == (["first", "second"], 1)
+    assert (ran[f"{job_id}:first"], ran[f"{job_id}:second"]) == (1, 1)

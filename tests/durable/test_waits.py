@@ -153,3 +153,21 @@ def test_a_short_sleep_brings_the_reapers_next_pass_forward(conn, db_url) -> Non
         "SELECT ended_at - until AS late FROM rota.job_wait WHERE job_id = %s", (job_id,)
     ).fetchone()["late"]
     assert late < timedelta(seconds=1.5), late
+
+
+def sleeps_after_its_stop(job: Job, ctx: rota.Context) -> Any:
+    assert job.cancelled.wait(30), "the attempt was not stopped"
+    ctx.sleep(3600)
+    return "slept"
+
+
+def test_a_stopped_attempt_does_not_wait(conn, db_url) -> None:
+    # As it starts no new step: the attempt ends as its stop (a timeout) says.
+    job_id = rota.enqueue(conn, "sleeps.after.its.stop", timeout=0.5, max_attempts=1)
+    stops = handlers(sleeps_after_its_stop=sleeps_after_its_stop)
+    with running(db_url, stops, concurrency=1):
+        found = until_status(conn, job_id, "dead", "waiting", "failed", "done")
+    assert (found["status"], found["attempts"]) == ("dead", 1)
+    assert found["last_error"].startswith("Timeout: the attempt ran longer"), found["last_error"]
+    waits = conn.execute("SELECT name FROM rota.job_wait WHERE job_id = %s", (job_id,))
+    assert waits.fetchall() == []

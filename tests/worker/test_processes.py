@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import rota
+from rota import logs
 from rota.jobs import Status
 from tests.acceptance.procs import wait_for
 from tests.worker.helpers import _running
@@ -120,3 +123,40 @@ def test_a_child_is_replaced_once_it_holds_too_much_memory(conn, db_url, tmp_pat
 def test_children_live_on_by_default(conn, db_url, tmp_path) -> None:
     pids = _pids_of_runs(conn, db_url, tmp_path, "wearing_not", [{"megabytes": 0}] * 4)
     assert _turns(pids) == [0, 0, 0, 0]
+
+
+LOGGING = """\
+import logging
+import rota
+
+@rota.handler("logs.in.a.child")
+def logs_in_a_child(job):
+    logging.getLogger("shop").info("charged order %s", job.payload["order"])
+"""
+
+
+def test_a_child_logs_as_its_worker_does(conn, db_url, tmp_path, capfd) -> None:
+    # A child's log lines had no format and no level set: a handler's info lines
+    # were lost, its warnings bare text, even under --log-format json.
+    (tmp_path / "logging_handlers.py").write_text(LOGGING)
+    sys.path.insert(0, str(tmp_path))
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    try:
+        import logging_handlers  # noqa: F401
+
+        handlers = {"logs.in.a.child": rota.handlers.registered()["logs.in.a.child"]}
+        logs.configure(logging.INFO, "json")
+        job_id = rota.enqueue(conn, "logs.in.a.child", {"order": 17})
+        with _running(
+            db_url, handlers, concurrency=1, isolation="process",
+            handler_modules=["logging_handlers"],
+        ):  # fmt: skip
+            wait_for(lambda: finished(conn, job_id), what="the job to end")
+    finally:
+        root.handlers[:], root.level = kept
+        sys.path.remove(str(tmp_path))
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line[:1] == "{"]
+    [charged] = [line for line in lines if line["logger"] == "shop"]
+    assert (charged["level"], charged["message"]) == ("info", "charged order 17")
+    assert charged["pid"] != os.getpid()  # written by the child

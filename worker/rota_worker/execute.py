@@ -26,7 +26,7 @@ from typing import Any
 from rota import db, limits, tracing
 from rota.attempt import Attempt
 from rota.decoding import Unreadable
-from rota.errors import Cancelled, Permanent, Retry, Suspended
+from rota.errors import Cancelled, CancelRequested, Permanent, Retry, Suspended
 from rota.handlers import Context, Handler, acall
 from rota.jobs import Job, Outcome
 from rota.retry import MAX_RELEASES, backoff_seconds, describe_error
@@ -100,8 +100,8 @@ async def run_attempt(
                 if current is not None and current.cancelling():
                     current.uncancel()
                 outcome = stopped_outcome(execution, backoff)
-        except Cancelled:
-            outcome = stopped_outcome(execution, backoff)
+        except Cancelled as exc:
+            outcome = stopped_outcome(execution, backoff, exc)
         except Decided as decided:
             outcome = decided.attempt
         except BaseException as exc:
@@ -134,12 +134,16 @@ def raised_cancel(job: Job, exc: BaseException, backoff: BackoffSettings) -> Att
     )
 
 
-def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:
+def stopped_outcome(
+    execution: Execution, backoff: BackoffSettings, raised: Cancelled | None = None
+) -> Attempt:
     """The outcome of an attempt stopped from outside (or that raised `Cancelled`)."""
     job = execution.job
     why = execution.stopped
+    if why is None and isinstance(raised, CancelRequested):
+        why = Event.CANCEL  # its run found the request before the worker heard of it
     if why is Event.CANCEL:
-        return Attempt(job.id, job.attempts, Outcome.CANCELLED, error="Cancelled: by request")
+        return cancelled_by_request(job)
     if why is Event.LEASE_LOST:
         return Attempt(job.id, job.attempts, Outcome.LEASE_LOST)
     if why is Event.SHUTDOWN:
@@ -159,10 +163,17 @@ def stopped_outcome(execution: Execution, backoff: BackoffSettings) -> Attempt:
     )
 
 
+def cancelled_by_request(job: Job) -> Attempt:
+    """The outcome of an attempt that ended because somebody cancelled its job."""
+    return Attempt(job.id, job.attempts, Outcome.CANCELLED, error="Cancelled: by request")
+
+
 def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> Attempt:
     """What a handler's exception means for its job."""
     if isinstance(exc, Suspended):  # the run wrote the job waiting: nothing to write
         return Attempt(job.id, job.attempts, Outcome.WAITING)
+    if isinstance(exc, CancelRequested):  # in a child process (see `stopped_outcome`)
+        return cancelled_by_request(job)
     if isinstance(exc, Permanent):
         return Attempt(job.id, job.attempts, Outcome.FAILED, error=describe_error(exc))
     if db.is_unavailable(exc) and job.releases < MAX_RELEASES:

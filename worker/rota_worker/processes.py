@@ -2,7 +2,8 @@
 
 Each child runs one attempt at a time and lives on between attempts; it imports
 the handler modules itself when it starts (spawn, not fork: a forked copy of a
-threaded asyncio process is not safe). When an attempt is stopped, its child is
+threaded asyncio process is not safe), and logs at its worker's level and in
+its format. When an attempt is stopped, its child is
 condemned: it gets SIGUSR1 (the handler sees ``job.cancelled`` set), SIGTERM
 after the grace period and SIGKILL two seconds later. A child ignores SIGINT
 and SIGTERM until it is condemned: a signal to the whole process group
@@ -31,7 +32,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rota import limits
+from rota import limits, logs
 from rota.claim import Attempt
 from rota.durable import RunConnections
 from rota.handlers import Context, Handler, call, registered
@@ -76,6 +77,14 @@ class Wear:
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def log_setup() -> tuple[int, str]:
+    """The level and format ("text" or "json") of this process's log lines: a
+    child started now logs as its worker does (a spawned child starts with none)."""
+    root = logging.getLogger()
+    json_lines = any(isinstance(h.formatter, logs.JsonFormatter) for h in root.handlers)
+    return root.getEffectiveLevel(), "json" if json_lines else "text"
+
+
 def _child_main(
     conn: multiprocessing.connection.Connection,
     modules: Sequence[str],
@@ -83,8 +92,10 @@ def _child_main(
     worker_id: str,
     backoff: BackoffSettings,
     connection: ConnectionSettings,
+    logging_as: tuple[int, str],
 ) -> None:
     """A child's life: import the handlers, then run one attempt per message."""
+    logs.configure(*logging_as)
     current: list[Job] = []
 
     def stop_current(*_: object) -> None:
@@ -147,6 +158,7 @@ class Child:
                 runner.worker_id,
                 runner.backoff,
                 runner.connection,
+                log_setup(),
             ),
             name="rota-job-process",
             daemon=True,
