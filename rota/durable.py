@@ -417,9 +417,15 @@ class Run:
         count = self._next("spawn")
         name = limits.name(str(count) if name is None else name, "spawn name")
         params = _child_params(self.job.id, name, job_type, payload, options)
-        rows = self._write(sql.query("spawn_child"), params)
-        if not rows:
-            rows = self._write(sql.query("child_of_name"), {"parent": self.job.id, "name": name})
+        params |= {"attempt": self.job.attempts, "worker": self.worker_id}
+        [made] = self._write(sql.query("spawn_child"), params)
+        if not made["held"]:
+            raise LeaseLost(f"job {self.job.id}: lease lost before it could spawn {name!r}")
+        if not made["free"]:  # asked while it ran: its worker has not heard yet
+            raise CancelRequested(f"job {self.job.id}: cancel requested; no child {name!r}")
+        if made["id"] is not None:
+            return int(made["id"])
+        rows = self._write(sql.query("child_of_name"), {"parent": self.job.id, "name": name})
         return int(rows[0]["id"])
 
     def gather(self, ids: Sequence[int]) -> list[Any]:

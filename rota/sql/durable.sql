@@ -54,27 +54,44 @@ SELECT rota.emit(%(key)s, %(payload)s::jsonb) AS woken
 -- name: spawn_child
 -- A child, once per parent and name: the name's row in rota.job_child is
 -- taken with the child's id drawn up front, and the child is made only by
--- the statement that took it. No row back: the name was taken before
+-- the statement that took it. The parent's row is locked first, as
+-- rota.cancel locks it, and no child is made unless the parent still runs
+-- under this attempt (`held`) with no cancel requested (`free`): a cancel
+-- committed before is seen here, one after finds the child and cancels it
+-- with its parent. `id` NULL with `free` true: the name was taken before
 -- (child_of_name says by which child).
-WITH taken AS (
+WITH parent AS (
+    SELECT j.cancel_requested_at IS NULL AS free
+    FROM rota.job AS j
+    WHERE j.id = %(parent)s AND j.status = 'running' AND j.locked_by = %(worker)s
+      AND j.attempts = %(attempt)s
+    FOR NO KEY UPDATE
+),
+taken AS (
     INSERT INTO rota.job_child (parent_id, name, child_id)
-    VALUES (%(parent)s, %(name)s, nextval(pg_get_serial_sequence('rota.job', 'id')))
+    SELECT %(parent)s, %(name)s, nextval(pg_get_serial_sequence('rota.job', 'id'))
+    FROM parent
+    WHERE parent.free
     ON CONFLICT (parent_id, name) DO NOTHING
     RETURNING child_id
+),
+made AS (
+    INSERT INTO rota.job (id, type, payload, run_at, max_attempts, priority, timeout_seconds,
+                          created_at, group_key, parent_id)
+    OVERRIDING SYSTEM VALUE
+    SELECT taken.child_id, %(type)s, %(payload)s,
+           coalesce(%(run_at)s::timestamptz,
+                    coalesce(%(now)s::timestamptz, now())
+                    + make_interval(secs => coalesce(%(delay)s::float8, 0))),
+           coalesce(%(max_attempts)s::int, %(default_max_attempts)s),
+           %(priority)s::smallint, %(timeout)s::float8,
+           coalesce(%(now)s::timestamptz, now()),
+           %(group)s::text, %(parent)s
+    FROM taken
+    RETURNING id
 )
-INSERT INTO rota.job (id, type, payload, run_at, max_attempts, priority, timeout_seconds,
-                      created_at, group_key, parent_id)
-OVERRIDING SYSTEM VALUE
-SELECT taken.child_id, %(type)s, %(payload)s,
-       coalesce(%(run_at)s::timestamptz,
-                coalesce(%(now)s::timestamptz, now())
-                + make_interval(secs => coalesce(%(delay)s::float8, 0))),
-       coalesce(%(max_attempts)s::int, %(default_max_attempts)s),
-       %(priority)s::smallint, %(timeout)s::float8,
-       coalesce(%(now)s::timestamptz, now()),
-       %(group)s::text, %(parent)s
-FROM taken
-RETURNING id
+SELECT EXISTS (SELECT FROM parent) AS held, coalesce((SELECT free FROM parent), false) AS free,
+       (SELECT id FROM made) AS id
 
 -- name: child_of_name
 SELECT child_id AS id FROM rota.job_child WHERE parent_id = %(parent)s AND name = %(name)s

@@ -127,6 +127,8 @@ def cancelled_in_a_step(job: rota.Job, ctx: rota.Context) -> Any:
     ctx.step("until cancelled", _until_cancel_is, ctx, job, job.payload["known"])
     if job.payload["then"] == "sleep":
         ctx.sleep(3600)
+    elif job.payload["then"] == "spawn":
+        ctx.spawn("iso.never.run", {})
     else:
         ctx.wait_for(f"never:{job.id}")
     return record(ctx, job, "after")
@@ -143,6 +145,8 @@ async def async_cancelled_in_a_step(job: rota.Job, ctx: rota.Context) -> Any:
     await ctx.step("until cancelled", until_cancelled)
     if job.payload["then"] == "sleep":
         await ctx.sleep(3600)
+    elif job.payload["then"] == "spawn":
+        await ctx.spawn("iso.never.run", {})
     else:
         await ctx.wait_for(f"never:{job.id}")
     return record(ctx, job, "after")

@@ -1,5 +1,7 @@
 """A cancel requested while a durable job runs: the job ends cancelled even when
-its handler reaches a sleep or a wait before it stops, in every isolation.
+its handler reaches a sleep, a wait or a spawn before it stops, in every
+isolation, and a spawn then makes no child (the cancel, listing the parent's
+children before, would have left it to run).
 
 The run learns of the request either from the database (the worker has not
 heard of it yet: a long lease, so no heartbeat comes) or from its worker,
@@ -39,7 +41,7 @@ def _cancelled_while_in_its_step(
     return found
 
 
-@pytest.mark.parametrize("then", ["sleep", "wait_for"])
+@pytest.mark.parametrize("then", ["sleep", "wait_for", "spawn"])
 @pytest.mark.parametrize("known", ["stored", "heard"])
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_cancelled_run_does_not_suspend(conn, db_url, isolation, known, then) -> None:
@@ -51,9 +53,11 @@ def test_a_cancelled_run_does_not_suspend(conn, db_url, isolation, known, then) 
     assert found["last_error"] == "Cancelled: by request"
     waits = conn.execute("SELECT name FROM rota.job_wait WHERE job_id = %s", (found["id"],))
     assert waits.fetchall() == []
+    children = conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (found["id"],))
+    assert children.fetchall() == []
 
 
-@pytest.mark.parametrize("then", ["sleep", "wait_for"])
+@pytest.mark.parametrize("then", ["sleep", "wait_for", "spawn"])
 def test_a_cancelled_async_run_does_not_suspend(conn, db_url, then) -> None:
     found = _cancelled_while_in_its_step(
         conn, db_url, "iso.async.cancelled.in.a.step", {"then": then}, LEASES["stored"]

@@ -161,6 +161,19 @@ def test_a_step_after_its_lease_was_taken_stores_nothing_and_undoes_its_writes(
     assert effects == (["a"] if lent else [])
 
 
+def test_a_spawn_after_its_lease_was_taken_makes_no_child(conn, db_url, connections) -> None:
+    # A run that lost its job to another worker spawned all the same.
+    job = _claimed(conn)
+    run = Run(db_url, "w", job, connections)
+    first = run.spawn("c", {"v": 1}, name="first")
+    conn.execute("UPDATE rota.job SET locked_by = 'another' WHERE id = %s", (job.id,))
+    with pytest.raises(LeaseLost):
+        run.spawn("c", {"v": 2}, name="second")
+    run.close()
+    children = conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (job.id,))
+    assert [r["id"] for r in children] == [first]
+
+
 def test_durable_calls_at_once_on_one_run_share_its_one_connection(conn, db_url) -> None:
     connections = RunConnections(db_url, 6)
     run = Run(db_url, "w", _claimed(conn), connections)
