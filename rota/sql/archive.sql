@@ -23,11 +23,12 @@ archived AS (
                                   max_attempts, locked_by, locked_until, last_error, created_at,
                                   started_at, finished_at, schedule_id, slot, priority,
                                   timeout_seconds, cancel_requested_at, releases, group_key,
-                                  result, errors, trace_context, archived_at)
+                                  result, errors, trace_context, parent_id, archived_at)
     SELECT id, type, payload, idempotency_key, status, run_at, attempts, max_attempts,
            locked_by, locked_until, last_error, created_at, started_at, finished_at,
            schedule_id, slot, priority, timeout_seconds, cancel_requested_at, releases,
-           group_key, result, errors, trace_context, coalesce(%(now)s::timestamptz, now())
+           group_key, result, errors, trace_context, parent_id,
+           coalesce(%(now)s::timestamptz, now())
     FROM moved
     RETURNING 1
 )

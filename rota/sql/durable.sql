@@ -164,7 +164,11 @@ WHERE c.parent_id = %(job)s
 ORDER BY c.child_id
 
 -- name: job_parent
+-- The job that spawned this one, archived or not.
 SELECT parent_id FROM rota.job WHERE id = %(job)s
+UNION ALL
+SELECT parent_id FROM rota.job_archive WHERE id = %(job)s
+LIMIT 1
 
 -- name: delete_old_events
 -- Events emitted longer ago than the retention, oldest first
