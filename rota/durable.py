@@ -435,9 +435,21 @@ class Run:
         if not wanted:
             return []
         wanted = limits.job_ids(wanted, "child ids")
-        self._wait(f"gather:{self._next('gather')}", "children", children=wanted)
-        rows = self._read(sql.query("children_outcomes"), {"ids": wanted, "parent": self.job.id})
-        found = {row["id"]: row for row in rows}
+        name = f"gather:{self._next('gather')}"
+        while True:
+            self._wait(name, "children", children=wanted)
+            rows = self._read(
+                sql.query("children_outcomes"), {"ids": wanted, "parent": self.job.id}
+            )
+            found = {row["id"]: row for row in rows}
+            if not any(row["status"] in _ACTIVE for row in found.values()):
+                break
+            # A child brought back (`rota dead retry`) after this gather ended:
+            # the gather opens again and waits for it, as for the first time.
+            reopen = {"job": self.job.id, "name": name}
+            reopen |= {"attempt": self.job.attempts, "worker": self.worker_id}
+            if not self._write(sql.query("reopen_gather"), reopen):
+                raise LeaseLost(f"job {self.job.id}: lease lost before it could wait on {name}")
         results = []
         for child in wanted:
             row = found.get(child)
@@ -539,6 +551,10 @@ class Run:
             else:
                 conn.rollback()
             return sent
+
+
+_ACTIVE = (Status.READY, Status.RUNNING, Status.WAITING)
+"""A child in one of these has not ended: a gather waits for it."""
 
 
 def _child_params(

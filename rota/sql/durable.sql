@@ -93,6 +93,18 @@ made AS (
 SELECT EXISTS (SELECT FROM parent) AS held, coalesce((SELECT free FROM parent), false) AS free,
        (SELECT id FROM made) AS id
 
+-- name: reopen_gather
+-- A gather that ended while one of its children is active again (brought back
+-- by a retry): open once more, so that the run's next suspend waits for it and
+-- the child's end wakes the job (rota.child_ended). Only the run that holds
+-- the job's lease opens it; no row back: it does not.
+UPDATE rota.job_wait AS w SET ended_at = NULL, ended_by = NULL
+FROM rota.job AS j
+WHERE w.job_id = %(job)s AND w.name = %(name)s AND w.kind = 'children'
+  AND j.id = w.job_id AND j.status = 'running' AND j.locked_by = %(worker)s
+  AND j.attempts = %(attempt)s
+RETURNING w.job_id
+
 -- name: child_of_name
 SELECT child_id AS id FROM rota.job_child WHERE parent_id = %(parent)s AND name = %(name)s
 

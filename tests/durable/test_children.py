@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 import rota
-from rota.jobs import Job
+from rota import control
+from rota.jobs import Job, Status
 from tests.acceptance.procs import wait_for
 from tests.durable.helpers import handlers, row, running, until_status
 
@@ -112,6 +113,47 @@ def test_cancelling_a_parent_cancels_its_children(conn, db_url) -> None:
     assert len(children) == 2
     assert rota.cancel(conn, [parent]).ended == sorted([parent, *children])
     assert {row(conn, j)["status"] for j in [parent, *children]} == {"cancelled"}
+
+
+BROKEN = {"on": True}
+"""Whether `flaky.child` fails (it does until a test mends it)."""
+
+
+def gathers_a_flaky_child(job: Job, ctx: rota.Context) -> Any:
+    [result] = ctx.gather([ctx.spawn("flaky.child", max_attempts=1, name="flaky")])
+    return result
+
+
+def flaky_child(job: Job, ctx: rota.Context) -> Any:
+    if BROKEN["on"]:
+        raise rota.Permanent("the shop is closed")
+    return 42
+
+
+def test_a_child_retried_after_its_gather_ended_is_waited_for_again(conn, db_url) -> None:
+    # As `rota dead retry --all` after an outage does: the child and its parent
+    # back at once, the parent running first. Its gather had ended (the child
+    # failed); it waits for the child again instead of failing on a child
+    # that has not ended (ChildFailed with status ready).
+    handled = handlers(gathers_a_flaky_child=gathers_a_flaky_child, flaky_child=flaky_child)
+    BROKEN["on"] = True
+    parent = rota.enqueue(conn, "gathers.a.flaky.child", max_attempts=1)
+    with running(db_url, handled, concurrency=2):
+        assert "ChildFailed" in until_status(conn, parent, "dead", "failed")["last_error"]
+    [child] = [
+        r["id"] for r in conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (parent,))
+    ]
+    assert row(conn, child)["status"] == "failed"
+    BROKEN["on"] = False
+    statuses = (Status.FAILED, Status.DEAD)
+    assert control.retry(conn, [child, parent], statuses=statuses) == sorted([parent, child])
+    conn.execute("UPDATE rota.job SET run_at = now() + interval '1 hour' WHERE id = %s", (child,))
+    with running(db_url, handled, concurrency=2):
+        until_status(conn, parent, "waiting", "dead", "failed")
+        assert row(conn, parent)["status"] == "waiting"
+        conn.execute("UPDATE rota.job SET run_at = now() WHERE id = %s", (child,))
+        done = until_status(conn, parent, "done", "dead", "failed")
+    assert (done["status"], done["result"]) == ("done", 42)
 
 
 def gathers_a_stranger(job: Job, ctx: rota.Context) -> Any:
