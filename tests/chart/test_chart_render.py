@@ -201,6 +201,22 @@ def test_long_running_containers_have_probes_on_the_metrics_port(render: Render)
         assert container["ports"][0]["name"] == "metrics"
 
 
+def test_a_worker_has_its_startup_wait_before_a_probe_may_kill_it(render: Render) -> None:
+    # `rota worker` serves /healthz only once it has started: it waits up to
+    # --startup-wait (60 s) for its database, then exits 1 saying why. The
+    # liveness probe killed it at 50 s, with no reason in its log.
+    [worker] = [
+        obj for obj in render(sets=["worker.enabled=true"])
+        if obj["kind"] == "Deployment"
+        and obj["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]  # fmt: skip
+    (container,) = _pod_spec(worker)["containers"]
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] > 60
+    assert "initialDelaySeconds" not in container["livenessProbe"]
+
+
 def test_database_url_comes_from_the_secret(render: Render) -> None:
     """Every component reads the runtime URL; the migrations the owner's, when set."""
     for values, secret, owner in [
