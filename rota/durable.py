@@ -63,7 +63,7 @@ from rota.errors import (
     Suspended,
     TimedOut,
 )
-from rota.jobs import Job, NewJob, Status
+from rota.jobs import TERMINAL, Job, NewJob, Status
 from rota.reading import make_tolerant
 from rota.settings import ConnectionSettings, QueueSettings
 
@@ -416,8 +416,7 @@ class Run:
         self.job.raise_if_cancelled()  # a stopped attempt makes no new child
         count = self._next("spawn")
         name = limits.name(str(count) if name is None else name, "spawn name")
-        params = _child_params(self.job.id, name, job_type, payload, options)
-        params |= {"attempt": self.job.attempts, "worker": self.worker_id}
+        params = _child_params(self.job.id, name, job_type, payload, options) | self._holder()
         [made] = self._write(sql.query("spawn_child"), params)
         if not made["held"]:
             raise LeaseLost(f"job {self.job.id}: lease lost before it could spawn {name!r}")
@@ -442,12 +441,11 @@ class Run:
                 sql.query("children_outcomes"), {"ids": wanted, "parent": self.job.id}
             )
             found = {row["id"]: row for row in rows}
-            if not any(row["status"] in _ACTIVE for row in found.values()):
+            if all(row["status"] in TERMINAL for row in found.values()):
                 break
             # A child brought back (`rota dead retry`) after this gather ended:
             # the gather opens again and waits for it, as for the first time.
-            reopen = {"job": self.job.id, "name": name}
-            reopen |= {"attempt": self.job.attempts, "worker": self.worker_id}
+            reopen = {"job": self.job.id, "name": name, **self._holder()}
             if not self._write(sql.query("reopen_gather"), reopen):
                 raise LeaseLost(f"job {self.job.id}: lease lost before it could wait on {name}")
         results = []
@@ -478,8 +476,7 @@ class Run:
             self._check_children(children)
         params = {
             "job": self.job.id,
-            "attempt": self.job.attempts,
-            "worker": self.worker_id,
+            **self._holder(),
             "name": name,
             "kind": kind,
             "key": key,
@@ -495,6 +492,11 @@ class Run:
         if state == "waiting":
             raise Suspended(self.job.id, name)
         return state
+
+    def _holder(self) -> dict[str, Any]:
+        """The lease this run writes under: a statement given it writes nothing
+        unless the job still runs at this attempt, held by this worker."""
+        return {"attempt": self.job.attempts, "worker": self.worker_id}
 
     def _check_children(self, children: list[int]) -> None:
         rows = self._read(sql.query("children_known"), {"parent": self.job.id, "ids": children})
@@ -551,10 +553,6 @@ class Run:
             else:
                 conn.rollback()
             return sent
-
-
-_ACTIVE = (Status.READY, Status.RUNNING, Status.WAITING)
-"""A child in one of these has not ended: a gather waits for it."""
 
 
 def _child_params(
