@@ -217,6 +217,25 @@ def test_a_worker_has_its_startup_wait_before_a_probe_may_kill_it(render: Render
     assert "initialDelaySeconds" not in container["livenessProbe"]
 
 
+def test_a_longer_startup_wait_moves_the_startup_probe_with_it(render: Render) -> None:
+    # A worker told to wait longer for its database than the probe's window was
+    # restarted by its probe before it could exit with its reason.
+    for wait, args in [(None, "--startup-wait=60"), (300, "--startup-wait=300")]:
+        sets = ["worker.enabled=true"]
+        if wait is not None:
+            sets.append(f"worker.startupWaitSeconds={wait}")
+        [worker] = [
+            obj for obj in render(sets=sets)
+            if obj["kind"] == "Deployment"
+            and obj["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+        ]  # fmt: skip
+        (container,) = _pod_spec(worker)["containers"]
+        assert args in container["args"]
+        startup = container["startupProbe"]
+        window = startup["periodSeconds"] * startup["failureThreshold"]
+        assert (wait or 60) + 20 <= window <= (wait or 60) + 40
+
+
 def test_database_url_comes_from_the_secret(render: Render) -> None:
     """Every component reads the runtime URL; the migrations the owner's, when set."""
     for values, secret, owner in [
