@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 
 from rota import schedule_store as core
+from rota.db import RefusedByDatabase
 from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable, InvalidInput
 from rota_operator import jobschedules, kube, metrics, pools
 from rota_operator.settings import INSTANCE_LABEL, Settings
@@ -92,16 +93,25 @@ def _apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int) -> N
     try:
         wanted = jobschedules.to_spec(namespace, name, body.spec)
     except InvalidInput as exc:
-        reason = "ReservedName" if isinstance(exc, jobschedules.ReservedName) else "InvalidSpec"
-        patch.status.update(jobschedules.invalid_status(body.status, generation, str(exc), reason))
-        memo.kube.post_event(_ref_of(body), "Warning", reason, str(exc))
+        _refused(body, patch, memo, exc)
         return
     try:
         row = core.upsert(config.database_url, wanted, namespaced=True)
+    except RefusedByDatabase as exc:  # a rule only the database keeps: no retry mends the spec
+        _refused(body, patch, memo, exc)
+        return
     except DATABASE_ERRORS as exc:
         patch.status.update(jobschedules.unavailable_status(body.status, generation, str(exc)))
         raise _retry_later("jobschedules", exc, config, retry) from exc
     patch.status.update(jobschedules.synced_status(row, body.status, generation))
+
+
+def _refused(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, exc: InvalidInput) -> None:
+    """Ready=False and a Warning Event for a spec that cannot be stored as it is."""
+    reason = "ReservedName" if isinstance(exc, jobschedules.ReservedName) else "InvalidSpec"
+    generation = body.meta.get("generation")
+    patch.status.update(jobschedules.invalid_status(body.status, generation, str(exc), reason))
+    memo.kube.post_event(_ref_of(body), "Warning", reason, str(exc))
 
 
 @kopf.on.delete(*SCHEDULES, labels=OWNED)

@@ -96,9 +96,12 @@ def synced_status(
 
 
 def row_status(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The status fields that mirror the row (refreshed by the timer)."""
+    """The status fields that mirror the row (refreshed by the timer).
+
+    A suspended row has no next run: the scheduler passes over it, and a resume
+    computes the next slot afresh (the one stored is never enqueued)."""
     return {
-        "nextRunAt": rfc3339(row.get("next_run_at")),
+        "nextRunAt": None if row.get("suspend") else rfc3339(row.get("next_run_at")),
         "lastSlot": rfc3339(row.get("last_slot")),
         "missedSlots": int(row.get("missed_slots") or 0),
     }

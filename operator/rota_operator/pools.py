@@ -263,14 +263,29 @@ def _name_unhandled(
     return dataclasses.replace(cover, unhandled=unhandled)
 
 
+MEASURES = (
+    "oldestReadyAgeSeconds",
+    "readyJobs",
+    "runningJobs",
+    "busyReplicas",
+    "minReplicasForRunningJobs",
+    "maxReplicasForJobs",
+)
+"""The status fields a poll measures: a failed poll measured none of them."""
+
+
 def _failed(
     kube: Kube, ref: ObjectRef, state: PoolState, reason: str, message: str
 ) -> dict[str, Any]:
-    """Ready=False and an error count; a Warning Event only when the failure is new."""
+    """Ready=False and an error count; a Warning Event only when the failure is new.
+
+    decidedBy names the failure and the last poll's measures are removed, so that
+    `kubectl get workerpools` never shows an old queue age and rule as current ones.
+    """
     logger.warning("WorkerPool %s/%s: %s", ref.namespace, ref.name, message)
     metrics.record_error("workerpools", reason)
     ready = next((c for c in state.conditions if c.get("type") == "Ready"), {})
     if (ready.get("status"), ready.get("reason")) != ("False", reason):
         kube.post_event(ref, "Warning", reason, message)
     state.conditions = with_condition(state.conditions, "Ready", False, reason, message)
-    return {"conditions": state.conditions}
+    return {**dict.fromkeys(MEASURES), "decidedBy": reason, "conditions": state.conditions}

@@ -140,7 +140,9 @@ def recommend(limits: PoolLimits, current: int, sample: QueueSample) -> tuple[in
     base = max(current, 1)
     ratio = sample.oldest_ready_age_seconds / limits.target_age_seconds
     if ratio > 1 + TOLERANCE:
-        wanted = min(math.ceil(base * ratio), current + scale_up_step(current))
+        # Capped before rounding: a target the CRD admits (any number above 0) can
+        # make the ratio infinite, and an infinity has no ceiling.
+        wanted = math.ceil(min(base * ratio, current + scale_up_step(current)))
         reason = "QueueTooOld"
     elif ratio >= 1 - TOLERANCE:
         wanted, reason = base, "QueueOnTarget"
