@@ -26,6 +26,7 @@ from rota import sql
 from rota.attempt import Attempt, Key, Lease
 from rota.db import Conn, errors_wrapped, fetch_all
 from rota.decoding import _STATUS, claim_cursor, jobs_of
+from rota.errors import InvalidInput
 from rota.jobs import Job, Outcome, Status
 
 __all__ = ["Attempt", "Key", "Lease", "claim", "complete", "extend_leases", "write_and_claim"]
@@ -335,6 +336,8 @@ def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
     starts in its place; its completion is refused all the same, and the caller
     must roll its transaction back.
     """
+    if not isinstance(job, Job):
+        raise InvalidInput(f"complete takes a Job (the handler's), not {type(job).__name__}")
     if job.locked_by is None or job.cancelled.is_set():
         return False
     written = write_outcomes(

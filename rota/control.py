@@ -132,14 +132,17 @@ def retry_report(
     job of the statuses, oldest first, in batches of BATCH_SIZE (each its own
     transaction on an autocommit connection) until a batch finds fewer; a job
     one batch left is passed over by the next ones."""
+    statuses = limits.listed(statuses, "statuses")
     for status in statuses:
         if status not in RETRYABLE:
             raise InvalidInput(f"only {', '.join(RETRYABLE)} jobs can be retried, not {status}")
     wanted = None if all_matching else limits.job_ids(ids)
+    limits.clock(now)
     rows: list[dict[str, Any]] = []
     with connection(conn_or_dsn) as conn:
         if wanted is not None:
-            params = {"ids": wanted, "statuses": list(statuses), "limit": None, "skip": None}
+            params: dict[str, Any] = {"ids": wanted, "statuses": statuses}
+            params |= {"limit": None, "skip": None}
             rows = _retry_batch(conn, {**params, "now": now})
         for status in statuses if wanted is None else ():
             skip: list[int] = []  # left by earlier batches: never taken again
@@ -219,6 +222,7 @@ def cancel(conn_or_dsn: ConnOrDsn, ids: Sequence[int], now: datetime | None = No
     wanted = sorted(set(limits.job_ids(ids)))
     if not wanted:
         raise InvalidInput("give at least one job id to cancel")
+    limits.clock(now)
     with connection(conn_or_dsn) as conn, conn.transaction():
         absent = missing(conn, wanted)
         if absent.unknown:
@@ -237,6 +241,7 @@ def cancel_matching(
     limits.name(job_type, "job type")
     if status is not None and status not in (Status.READY, Status.RUNNING, Status.WAITING):
         raise InvalidInput(f"only ready, running or waiting jobs can be cancelled, not {status}")
+    limits.clock(now)
     params = {"type": job_type, "now": now}
     ended: list[dict[str, Any]] = []
     requested: list[dict[str, Any]] = []
@@ -278,11 +283,12 @@ def _cancel(conn: Conn, ids: list[int], now: datetime | None) -> CancelResult:
 def _types(types: Sequence[str] | None) -> list[str] | None:
     if types is None:
         return None
-    checked = [t.strip() for t in limits.names(types, "job types")]
+    # As given, white space and all: the types rota.enqueue wrote.
+    checked = limits.names(types, "job types")
     if not checked:
         raise InvalidInput("give job types, or all of them")
     for t in checked:
-        if t == ALL_TYPES:
+        if t.strip() == ALL_TYPES:
             raise InvalidInput(f"not a job type: {t!r} (to mean every type, give types=None)")
     return checked
 
@@ -292,7 +298,7 @@ def pause(
 ) -> list[str]:
     """Pause job types (None: every type, present and future); returns those newly paused."""
     checked = _types(types)
-    params = {"types": checked if checked is not None else [ALL_TYPES], "now": now}
+    params = {"types": checked if checked is not None else [ALL_TYPES], "now": limits.clock(now)}
     with connection(conn_or_dsn) as conn:
         return [r["type"] for r in fetch_all(conn, sql.query("pause_types"), params)]
 

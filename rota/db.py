@@ -280,15 +280,7 @@ def _joined(obj: Any) -> Conn:
     if isinstance(obj, psycopg.AsyncConnection) or type(obj).__name__.startswith("Async"):
         raise InvalidInput(f"{type(obj).__name__} is asynchronous: use rota.enqueue_async")
     if module.startswith("sqlalchemy."):
-        from sqlalchemy.engine import Connection
-
-        sa_conn = obj if isinstance(obj, Connection) else obj.connection()  # a Session
-        if not sa_conn.in_transaction():
-            sa_conn.begin()  # as its first statement would: committed by its commit()
-        raw = sa_conn.connection.driver_connection
-        if isinstance(raw, psycopg.Connection):
-            return raw
-        raise _not_psycopg3(raw, "SQLAlchemy engine", _SQLALCHEMY_FIX)
+        return _sqlalchemy_joined(obj)
     if module.startswith("django.") and hasattr(obj, "ensure_connection"):
         if obj.vendor != "postgresql":
             raise InvalidInput(f"Rota needs PostgreSQL; this Django connection is {obj.vendor}")
@@ -300,6 +292,32 @@ def _joined(obj: Any) -> Conn:
     raise InvalidInput(f"Rota cannot use a {type(obj).__name__} as a connection: {_USE}")
 
 
+def _sqlalchemy_joined(obj: Any) -> Conn:
+    """The psycopg connection under a SQLAlchemy Connection or Session."""
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.exc import InvalidRequestError
+    from sqlalchemy.orm import Session
+
+    if not isinstance(obj, Connection | Session):
+        raise InvalidInput(
+            f"Rota cannot use a SQLAlchemy {type(obj).__name__} as a connection: give a"
+            " Connection (engine.connect()) or a Session, whose transaction it joins"
+        )
+    try:
+        sa_conn = obj if isinstance(obj, Connection) else obj.connection()
+        if not sa_conn.in_transaction():
+            sa_conn.begin()  # as its first statement would: committed by its commit()
+        raw = sa_conn.connection.driver_connection
+    except InvalidRequestError as exc:  # closed, or a Session bound to no engine
+        reason = str(exc).splitlines()[0]
+        raise InvalidInput(
+            f"Rota cannot use this SQLAlchemy {type(obj).__name__}: {reason}"
+        ) from exc
+    if isinstance(raw, psycopg.Connection):
+        return raw
+    raise _not_psycopg3(raw, "SQLAlchemy engine", _SQLALCHEMY_FIX)
+
+
 async def _ajoined(obj: Any) -> AConn:
     """`_joined()` for asyncio: a SQLAlchemy AsyncConnection or AsyncSession."""
     name = type(obj).__name__
@@ -307,15 +325,22 @@ async def _ajoined(obj: Any) -> AConn:
         "AsyncConnection",
         "AsyncSession",
     ):
-        sa_conn = await obj.connection() if name == "AsyncSession" else obj
-        if not sa_conn.in_transaction():
-            await sa_conn.begin()
-        raw = (await sa_conn.get_raw_connection()).driver_connection
+        from sqlalchemy.exc import InvalidRequestError
+
+        try:
+            sa_conn = await obj.connection() if name == "AsyncSession" else obj
+            if not sa_conn.in_transaction():
+                await sa_conn.begin()
+            raw = (await sa_conn.get_raw_connection()).driver_connection
+        except InvalidRequestError as exc:  # closed, or a session bound to no engine
+            reason = str(exc).splitlines()[0]
+            raise InvalidInput(f"Rota cannot use this SQLAlchemy {name}: {reason}") from exc
         if isinstance(raw, psycopg.AsyncConnection):
             return raw
         raise _not_psycopg3(raw, "SQLAlchemy engine", _SQLALCHEMY_FIX)
     if isinstance(obj, psycopg.Connection) or (
         type(obj).__module__.split(".")[0] in ("sqlalchemy", "django")
+        and not name.startswith("Async")
     ):
         raise InvalidInput(f"{name} is synchronous: use rota.enqueue")
     raise InvalidInput(f"Rota cannot use a {name} as an async connection: {_USE_ASYNC}")

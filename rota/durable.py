@@ -430,10 +430,9 @@ class Run:
     def gather(self, ids: Sequence[int]) -> list[Any]:
         """The results of children `ids`, in order, once every one has ended;
         `ChildFailed` for the first that did not end done."""
-        wanted = list(ids)
+        wanted = limits.job_ids(ids, "child ids")
         if not wanted:
             return []
-        wanted = limits.job_ids(wanted, "child ids")
         name = f"gather:{self._next('gather')}"
         while True:
             self._wait(name, "children", children=wanted)

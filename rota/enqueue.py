@@ -82,20 +82,17 @@ def enqueue_many(
     Jobs with `unique_for` or `unique_active` take a statement each, in the
     same transaction as the others.
     """
-    if not _jobs(jobs):
+    if not _jobs(jobs, settings, now):
         return []
-    with (
-        tracing.producer(jobs) as sent,
-        connection(conn_or_dsn) as conn,
-        _atomic(conn, _statements(jobs)),
-    ):
+    with tracing.producer(jobs) as sent:
         steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(fetch_all(conn, *step))
-        except StopIteration as done:
-            ids: list[int] = done.value
+        step = next(steps)  # every job checked before the connection is touched
+        with connection(conn_or_dsn) as conn, _atomic(conn, _statements(jobs)):
+            try:
+                while True:
+                    step = steps.send(fetch_all(conn, *step))
+            except StopIteration as done:
+                ids: list[int] = done.value
         if sent is not None:
             sent.sent(ids)
     return ids
@@ -239,13 +236,13 @@ async def enqueue_many_async(
     now: datetime | None = None,
 ) -> list[int]:
     """`enqueue_many` for asyncio: the same statements, ids in input order."""
-    if not _jobs(jobs):
+    if not _jobs(jobs, settings, now):
         return []
     with tracing.producer(jobs) as sent:
+        steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
+        step = next(steps)  # every job checked before the connection is touched
         async with aconnection(aconn_or_dsn) as conn, _aatomic(conn, _statements(jobs)):
-            steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
             try:
-                step = next(steps)
                 while True:
                     step = steps.send(await afetch_all(conn, *step))
             except StopIteration as done:
@@ -255,10 +252,18 @@ async def enqueue_many_async(
     return ids
 
 
-def _jobs(jobs: Any) -> bool:
-    """Whether there are jobs to enqueue; InvalidInput when `jobs` is not a list of them."""
+def _jobs(jobs: Any, settings: Any, now: Any) -> bool:
+    """Whether there are jobs to enqueue; InvalidInput when `jobs` is not a list of
+    them, or the settings or the clock are not what enqueue takes. Each job's
+    fields are checked where its statement is made (`limits.new_job`)."""
     if isinstance(jobs, str | bytes) or not isinstance(jobs, Sequence):
         raise InvalidInput("enqueue_many takes a list of NewJob values")
+    for job in jobs:
+        if not isinstance(job, NewJob):
+            raise InvalidInput(f"enqueue_many takes NewJob values, not {type(job).__name__}")
+    if not isinstance(settings, QueueSettings):
+        raise InvalidInput(f"settings must be a QueueSettings, not {type(settings).__name__}")
+    limits.clock(now)
     return bool(jobs)
 
 

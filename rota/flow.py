@@ -83,7 +83,7 @@ def set_limit(
         "group_concurrency": limits.limit_count(group_concurrency, "group_concurrency"),
         "rate": limits.limit_count(rate, "rate", limits.MAX_RATE),
         "per": None if per is None else limits.interval_seconds(per, "per"),
-        "now": now,
+        "now": limits.clock(now),
     }
     if (rate is None) != (per is None):
         raise InvalidInput("give rate and per together: at most RATE starts per PER seconds")
@@ -102,15 +102,17 @@ def set_limit(
 
 
 def clear_limit(conn_or_dsn: ConnOrDsn, type: str) -> bool:
-    """Remove every limit of a job type; False when it had none."""
+    """Remove every limit of a job type; False when it had none. ('*' too: a row
+    of that name written by SQL before the database refused it.)"""
+    checked = limits.name(type, "job type")
     with connection(conn_or_dsn) as conn:
-        return bool(fetch_all(conn, sql.query("limit_clear"), {"type": _job_type(type)}))
+        return bool(fetch_all(conn, sql.query("limit_clear"), {"type": checked}))
 
 
 def list_limits(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> list[Limit]:
     """Every type's limits, with how many due jobs each holds back now."""
     with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("limit_states"), {"now": now})
+        rows = fetch_all(conn, sql.query("limit_states"), {"now": limits.clock(now)})
     return [
         Limit(
             type=r["type"],

@@ -88,16 +88,29 @@ def number_text(text: str) -> float:
 
 
 def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInput(f"{what} must be a number, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be a number, not {_short(value)}")
+    if isinstance(value, int):
+        # float() overflows past 2**1024: such a number is past every bound on its side.
+        if not -_FLOAT_INT < value < _FLOAT_INT:
+            return _PAST if value > 0 else -_PAST
+        return float(value)
+    if not math.isfinite(value):
+        raise InvalidInput(f"{what} must be a number, not {_short(value)}")
     return float(value)
+
+
+_FLOAT_INT = 2**1023
+"""Whole numbers below this in size convert to a float without overflow."""
+_PAST = 2.0**1023
+"""Stands for a whole number too large for a float: larger than any bound."""
 
 
 def _seconds(value: Any, what: str) -> float:
     seconds = _number(value, what)
     if seconds > MAX_SECONDS:
         raise InvalidInput(
-            f"{what} must be at most {MAX_SECONDS:.0f} seconds (ten years), not {value!r}"
+            f"{what} must be at most {MAX_SECONDS:.0f} seconds (ten years), not {_short(value)}"
         )
     return seconds
 
@@ -105,21 +118,23 @@ def _seconds(value: Any, what: str) -> float:
 def lease_seconds(value: Any, what: str = "lease") -> float:
     seconds = _seconds(value, what)
     if seconds < MIN_LEASE_SECONDS:
-        raise InvalidInput(f"{what} must be at least {MIN_LEASE_SECONDS:g} second, not {value!r}")
+        raise InvalidInput(
+            f"{what} must be at least {MIN_LEASE_SECONDS:g} second, not {_short(value)}"
+        )
     return seconds
 
 
 def interval_seconds(value: Any, what: str = "interval") -> float:
     seconds = _seconds(value, what)
     if seconds <= 0:
-        raise InvalidInput(f"{what} must be more than 0 seconds, not {value!r}")
+        raise InvalidInput(f"{what} must be more than 0 seconds, not {_short(value)}")
     return seconds
 
 
 def delay_seconds(value: Any, what: str = "delay") -> float:
     seconds = _seconds(value, what)
     if seconds < 0:
-        raise InvalidInput(f"{what} must not be negative: {value!r}")
+        raise InvalidInput(f"{what} must not be negative: {_short(value)}")
     return seconds
 
 
@@ -143,13 +158,17 @@ def seconds_within(value: Any, what: str, least: float, most: float = MAX_SECOND
     """A span of seconds from `least` to `most`."""
     seconds = _seconds(value, what)
     if not least <= seconds <= most:
-        raise InvalidInput(f"{what} must be from {least:g} to {most:.0f} seconds, not {value!r}")
+        raise InvalidInput(
+            f"{what} must be from {least:g} to {most:.0f} seconds, not {_short(value)}"
+        )
     return seconds
 
 
 def priority(value: Any, what: str = "priority") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITIES:
-        raise InvalidInput(f"{what} must be a whole number from 0 (first) to 9, not {value!r}")
+        raise InvalidInput(
+            f"{what} must be a whole number from 0 (first) to 9, not {_short(value)}"
+        )
     return value
 
 
@@ -203,6 +222,11 @@ def names(values: Any, what: str) -> list[str]:
     return [name(v, what[:-1] if what.endswith("s") else what) for v in _sequence(values, what)]
 
 
+def listed(values: Any, what: str) -> list[Any]:
+    """A list or tuple of values, never a bare string (which would be its characters)."""
+    return _sequence(values, what)
+
+
 def _sequence(values: Any, what: str) -> list[Any]:
     if isinstance(values, str | bytes | bytearray | dict) or not isinstance(values, Iterable):
         raise InvalidInput(f"{what} must be a list, not {_short(values)}")
@@ -230,6 +254,19 @@ def instant(value: Any, what: str) -> datetime:
     return value
 
 
+def clock(value: Any) -> datetime | None:
+    """An instant a caller gives in place of the database's clock (`now=`): None
+    (the database's `now()`) or an aware datetime, never text for PostgreSQL to
+    read nor a naive time it would read in the session's time zone."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise InvalidInput(
+            f"now must be an aware datetime (None: the database's clock), not {_short(value)}"
+        )
+    return value
+
+
 def parse_instant(value: str, what: str) -> datetime:
     """An ISO-8601 instant (UTC when it has no offset) within the accepted range."""
     text(value, what)
@@ -237,7 +274,7 @@ def parse_instant(value: str, what: str) -> datetime:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
         raise InvalidInput(
-            f"{what} is not an ISO-8601 time like 2030-03-14T15:30: {value!r}"
+            f"{what} is not an ISO-8601 time like 2030-03-14T15:30: {_short(value)}"
         ) from None
     return instant(parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC), what)
 
@@ -292,7 +329,7 @@ def new_job(job: NewJob, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> str:
         name(job.key, "an idempotency key")
     if job.group is not None:
         name(job.group, "a group")
-    if job.unique_for is not None or job.unique_active:
+    if job.unique_for is not None or job.unique_active is not False:
         unique(job.key, job.unique_for, job.unique_active)
     return encode_payload(job.payload, max_payload_bytes)
 
@@ -309,6 +346,12 @@ def encode_result(value: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     (an error of the attempt that returned it) when it is not JSON, too large, too
     deeply nested, or holds a NUL character or a lone surrogate."""
     return _encode_json(value, max_bytes, "the handler's return value")
+
+
+def encode_value(value: Any, what: str, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
+    """Any other JSON value Rota stores (an effect's result), under the payloads'
+    limits; `what` names it in the reason of a refusal."""
+    return _encode_json(value, max_bytes, what)
 
 
 _SCALARS = {None: "null", True: "true", False: "false"}
@@ -329,7 +372,10 @@ def _encode_json(value: Any, max_bytes: int, what: str) -> str:
             return encoded
     _check_tree(value, max_bytes, what)
     try:
-        encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        # Characters as they are, not escaped: measured in UTF-8, as the database
+        # measures the text it prints, so that Python never refuses a payload the
+        # database would store.
+        encoded = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
     if _ESCAPED_NUL.search(encoded):
@@ -348,13 +394,14 @@ def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
     """
     pending: list[tuple[Any, int]] = [(payload, 1)]
     walked = 0
+    inside = what if what.startswith("the ") else f"the {what}"
     while pending:
         value, depth = pending.pop()
         walked += 1
         if walked > max_bytes:
             raise InvalidInput(f"{what} is over the limit of {max_bytes} bytes")
         if isinstance(value, str):
-            text(value, f"a string in the {what}")
+            text(value, f"a string in {inside}")
             continue
         if not isinstance(value, dict | list | tuple):
             continue
@@ -363,7 +410,7 @@ def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
         items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
         for key, item in items:
             if isinstance(key, str):
-                text(key, f"a key in the {what}")
+                text(key, f"a key in {inside}")
             pending.append((item, depth + 1))
 
 
@@ -396,5 +443,5 @@ def limit_count(value: Any, what: str, most: int = 2**31 - 1) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise InvalidInput(f"{what} must be a whole number from 1 to {most}, not {value!r}")
+        raise InvalidInput(f"{what} must be a whole number from 1 to {most}, not {_short(value)}")
     return value

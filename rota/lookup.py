@@ -68,8 +68,8 @@ def result(conn_or_dsn: ConnOrDsn, job_id: int) -> tuple[Status, Any]:
 
 
 def outcome(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
-    """What became of a job, archived or not: its status, payload, result, errors
-    (decoded), attempts, last worker (locked_by) and times."""
+    """What became of a job, archived or not: its type, status, payload, result,
+    errors (decoded), attempts, last worker (locked_by) and times."""
     limits.job_id(job_id)
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("job_outcome"), {"id": job_id})

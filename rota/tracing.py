@@ -95,8 +95,9 @@ def producer(jobs: Sequence[NewJob]) -> contextlib.AbstractContextManager[Sent |
 @contextlib.contextmanager
 def _producer(jobs: Sequence[NewJob]) -> Iterator[Sent | None]:
     trace, propagate = _api
-    types = sorted({job.type for job in jobs})
-    destination = types[0] if len(types) == 1 else None
+    # Before the jobs are checked (inside the span): a type may be anything.
+    types = {job.type if isinstance(job.type, str) else None for job in jobs}
+    destination = types.pop() if len(types) == 1 else None
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "send",
@@ -128,7 +129,7 @@ def consumer(job: Job) -> contextlib.AbstractContextManager[Any]:
 @contextlib.contextmanager
 def _consumer(job: Job) -> Iterator[Any]:
     trace, propagate = _api
-    context = propagate.extract(job.trace_context) if job.trace_context else None
+    context = propagate.extract(_carrier(job.trace_context)) if job.trace_context else None
     attributes = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "process",
@@ -146,6 +147,14 @@ def _consumer(job: Job) -> Iterator[Any]:
         record_exception=False,
     ) as span:
         yield span
+
+
+def _carrier(stored: Any) -> dict[str, str]:
+    """The text fields of a stored trace context: any writer of rota.job may put
+    any JSON there, and the propagator reads only an object of strings."""
+    if not isinstance(stored, dict):
+        return {}
+    return {k: v for k, v in stored.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def ended(span: Any, outcome: Outcome, error: str | None) -> None:

@@ -34,7 +34,7 @@ FROM rota.job
 WHERE status IN ('failed', 'dead', 'cancelled')
 GROUP BY status, type
 UNION ALL
-SELECT 'done', type, sum(count)::bigint, 0, 0
+SELECT 'done', type, least(sum(count), 9223372036854775807)::bigint, 0, 0
 FROM rota.job_done_count
 GROUP BY type
 HAVING sum(count) <> 0
@@ -73,7 +73,7 @@ ORDER BY name
 
 -- name: metrics_dead_totals
 -- Jobs that ever went dead, per type (migration 0010's trigger-kept counts).
-SELECT type, sum(count)::bigint AS total
+SELECT type, least(sum(count), 9223372036854775807)::bigint AS total
 FROM rota.job_dead_count
 GROUP BY type
 ORDER BY type

@@ -512,12 +512,12 @@ SELECT * FROM rota.job_archive WHERE id = %(id)s
 -- What became of a job, from rota.job or, once archived, the archive. JSON comes
 -- as text, decoded by Rota whatever loaders the connection has (Django's leave
 -- jsonb as text).
-SELECT status, payload::text AS payload, result::text AS result, errors::text AS errors,
-       attempts, locked_by, created_at, started_at, finished_at
+SELECT type, status, payload::text AS payload, result::text AS result,
+       errors::text AS errors, attempts, locked_by, created_at, started_at, finished_at
 FROM rota.job WHERE id = %(id)s
 UNION ALL
-SELECT status, payload::text, result::text, errors::text, attempts, locked_by, created_at,
-       started_at, finished_at
+SELECT type, status, payload::text, result::text, errors::text, attempts, locked_by,
+       created_at, started_at, finished_at
 FROM rota.job_archive WHERE id = %(id)s
 LIMIT 1
 

@@ -107,7 +107,8 @@ WITH clock AS (
 INSERT INTO rota.queue_sample (minute, done_total, ended_total, ready_due, running,
                                oldest_ready_age_seconds)
 SELECT c.minute,
-       (SELECT coalesce(sum(count), 0) FROM rota.job_done_count),
+       (SELECT least(coalesce(sum(count), 0), 9223372036854775807)::bigint
+        FROM rota.job_done_count),
        (SELECT count(*) FROM rota.job WHERE status IN ('failed', 'dead', 'cancelled')),
        (SELECT count(*) FROM rota.job WHERE status = 'ready' AND run_at <= c.now),
        (SELECT count(*) FROM rota.job WHERE status = 'running'),
@@ -138,7 +139,10 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            date_trunc('minute', coalesce(%(now)s::timestamptz, now())) AS minute
 ),
-done AS (SELECT type, sum(count) AS n FROM rota.job_done_count GROUP BY type),
+done AS (
+    SELECT type, least(sum(count), 9223372036854775807)::bigint AS n
+    FROM rota.job_done_count GROUP BY type
+),
 ended AS (
     SELECT type, count(*) AS n FROM rota.job
     WHERE status IN ('failed', 'dead', 'cancelled') GROUP BY type

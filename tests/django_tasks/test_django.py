@@ -141,6 +141,24 @@ def test_a_task_that_fails_every_attempt_is_failed_with_every_error(
         task_backends["default"].get_result("not-an-id")
 
 
+@pytest.mark.parametrize("result_id", ["0", "²", "1" * 30, "-1", " 1", "1_0"])
+def test_an_id_no_job_can_have_is_no_result(shop: str, result_id: str) -> None:
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(result_id)
+
+
+def test_a_job_that_is_not_a_task_is_no_result(shop: str) -> None:
+    # A job of another type, or of a task queue's type written by hand without a
+    # task's payload: neither is a task result this backend made.
+    with psycopg.connect(shop) as conn:
+        plain = rota.enqueue(conn, "mail.plain", {"to": "x"})
+        odd = rota.enqueue(conn, "django:default", {"task": 5})
+        bare = rota.enqueue(conn, "django:default", {"task": "orders.tasks.send_receipt"})
+    for job_id in (plain, odd, bare):
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(str(job_id))
+
+
 def _due_now(url: str) -> bool:
     """Retries wait for their backoff: bring the next attempt forward (returns False)."""
     with psycopg.connect(url, autocommit=True) as conn:

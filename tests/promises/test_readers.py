@@ -281,3 +281,33 @@ def test_every_console_page_answers(poisoned: dict[str, Any], db_url: str) -> No
                 assert response.status_code == 200, (page, response.text[-500:])
         job = client.get(f"/jobs/{poisoned['bad.infinity']}", headers={**BEARER, **HTML})
         assert "infinity" in job.text
+
+
+def test_counts_past_a_bigint_in_sum_are_read_as_the_largest(
+    conn: psycopg.Connection[Any],
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Each shard of a count holds a bigint; their sum may not. The console's
+    # overview, `rota status` and the sample every worker records read the sum.
+    big = 2**63 - 1
+    for table in ("job_done_count", "job_dead_count"):
+        conn.execute(
+            f"INSERT INTO rota.{table} (type, shard, count)"
+            " VALUES ('huge', 1, %s), ('huge', 2, %s)",
+            (big, big),
+        )
+    conn.execute(
+        "INSERT INTO rota.job_failure_count (minute, type, count)"
+        " SELECT date_trunc('minute', now()), 'huge', n FROM unnest(ARRAY[%s, %s]::bigint[]) AS n",
+        (big, big),
+    )
+    assert "huge" in _cli(monkeypatch, capsys, db_url, "status")
+    from rota import workers
+
+    assert workers.record_sample(db_url)
+    with make_client(db_url) as client:
+        for page in ("/", "/?range=7d", "/types"):
+            response = client.get(page, headers={**BEARER, **HTML})
+            assert response.status_code == 200, (page, response.text[-500:])

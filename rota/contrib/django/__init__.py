@@ -124,12 +124,13 @@ class RotaBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
-        if not str(result_id).isdigit():
-            raise TaskResultDoesNotExist(result_id)
         try:
-            row = lookup.outcome(connections[self.database], int(result_id))
-        except JobNotFound:
+            job_id = limits.job_id(limits.whole_text(str(result_id)))
+            row = lookup.outcome(connections[self.database], job_id)
+        except (ValueError, JobNotFound):  # InvalidInput is a ValueError: no job has it
             raise TaskResultDoesNotExist(result_id) from None
+        if not _is_task(row):
+            raise TaskResultDoesNotExist(result_id)
         return self._result(str(result_id), row)
 
     def _result(self, result_id: str, row: dict[str, Any]) -> TaskResult:
@@ -156,6 +157,19 @@ class RotaBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", row["result"])
         return result
+
+
+def _is_task(row: dict[str, Any]) -> bool:
+    """Whether a job is a task this backend enqueued: a task queue's type and a
+    task's payload (another job, or one written by hand, is no task result)."""
+    payload = row["payload"]
+    return (
+        row["type"].startswith(TYPE_PREFIX)
+        and isinstance(payload, dict)
+        and isinstance(payload.get("task"), str)
+        and isinstance(payload.get("args"), list)
+        and isinstance(payload.get("kwargs"), dict)
+    )
 
 
 def _exception_path(error: str) -> str:
