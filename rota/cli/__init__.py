@@ -38,6 +38,7 @@ _MODULES = [
     "rota.cli.web",  # web
 ]
 PLUGIN_GROUP = "rota.commands"
+LOG_FORMATS = ("text", "json")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rota {rota.__version__}")
     parser.add_argument(
         "--log-format",
-        choices=["text", "json"],
-        default=os.environ.get("ROTA_LOG_FORMAT", "text"),
+        choices=LOG_FORMATS,
         help="log lines as text or as JSON objects (default: ROTA_LOG_FORMAT or text)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(words)
         verbose = args.verbose
-        logs.configure(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
+        log_format = args.log_format or _log_format_variable()
+        logs.configure(logging.DEBUG if args.verbose else logging.INFO, log_format)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
@@ -94,6 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             code, line = explained
         print(f"rota: {line}", file=sys.stderr)
         return code
+
+
+def _log_format_variable() -> str:
+    """ROTA_LOG_FORMAT (text when unset): a value that names no format is bad input,
+    never text in place of the JSON a log pipeline waits for."""
+    value = os.environ.get("ROTA_LOG_FORMAT", "").strip()
+    if value and value not in LOG_FORMATS:
+        raise UsageError(f"ROTA_LOG_FORMAT must be text or json, not {value!r}")
+    return value or "text"
 
 
 def _quiet_stdout() -> None:

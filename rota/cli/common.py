@@ -11,6 +11,7 @@ import json
 import math
 import os
 import string
+import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from rota import limits
-from rota.errors import InvalidInput
+from rota.errors import InvalidInput, RotaError
 from rota.reading import shown
 
 T = TypeVar("T")
@@ -35,6 +36,7 @@ def database_url() -> str:
     A value libpq cannot read is bad input, said before anything connects."""
     url = os.environ.get("ROTA_DATABASE_URL", "")
     if url:
+        _check_utf8(url)
         try:
             parts = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
@@ -44,6 +46,18 @@ def database_url() -> str:
             ) from None
         _check_ports(str(parts.get("port") or ""))
     return url
+
+
+def _check_utf8(url: str) -> None:
+    """A byte of the environment that is not UTF-8 reaches Python as a lone
+    surrogate, which libpq cannot be given (the URL is not repeated: it may hold
+    a password)."""
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        raise UsageError(
+            "ROTA_DATABASE_URL is not valid UTF-8 (expected postgresql://USER@HOST:PORT/DATABASE)"
+        ) from None
 
 
 def _check_ports(ports: str) -> None:
@@ -65,6 +79,10 @@ def parse_json(text: str | None, what: str = "--payload") -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except ValueError:  # an integer longer than Python converts from text
+        raise UsageError(
+            f"{what} has a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     except RecursionError:
         raise UsageError(
             f"{what} is nested more than {limits.MAX_JSON_DEPTH} levels deep"
@@ -102,7 +120,10 @@ def parse_duration(text: str, what: str) -> float:
         raise UsageError(f"{what} must be a number, like 90s, 15m, 12h or 7d: {text!r}")
     if seconds < 0:
         raise UsageError(f"{what} must not be negative: {text!r}")
-    return limits.delay_seconds(seconds, what)
+    try:
+        return limits.delay_seconds(seconds, what)
+    except InvalidInput as exc:  # as UsageError, so argparse never words it (--watch)
+        raise UsageError(str(exc)) from None
 
 
 def decimal(text: str) -> float:
@@ -174,6 +195,25 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be from 0 to 65535: {text!r}")
     return value
+
+
+def address(text: str) -> str:
+    """argparse type: a host name or address to listen on, never blank (a server
+    given an empty one listens on every interface)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"must be a host name or address such as 127.0.0.1 (0.0.0.0: every interface),"
+            f" not {text!r}"
+        )
+    return text
+
+
+def cannot_listen(what: str, host: str, port: int, exc: OSError, option: str) -> RotaError:
+    """The runtime error of a server that could not take its address (exit 1)."""
+    reason = exc.strerror or str(exc)
+    return RotaError(
+        f"{what} could not listen on {host}:{port}: choose another {option} ({reason})"
+    )
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

@@ -17,7 +17,16 @@ import signal
 import threading
 from typing import Any
 
-from rota.cli.common import UsageError, database_url, decimal, whole_number
+from rota import limits
+from rota.cli.common import (
+    UsageError,
+    address,
+    cannot_listen,
+    database_url,
+    decimal,
+    whole_number,
+)
+from rota.cli.exits import one_line
 from rota.db import check_options
 from rota.metrics import MetricsSettings, metrics_page, queue_registry, serve_pages
 
@@ -26,7 +35,9 @@ log = logging.getLogger("rota")
 
 def register(sub: Any) -> None:
     p = sub.add_parser("exporter", help="serve the queue-wide measures on /metrics")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument(
+        "--host", type=address, default="0.0.0.0", help="address to listen on (default 0.0.0.0)"
+    )
     p.add_argument(
         "--port", type=whole_number, default=9091, help="port to listen on (default 9091)"
     )
@@ -45,12 +56,20 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 0-65535, not {args.port}")
     if args.cache < 0:
         raise UsageError(f"--cache must be 0 or more seconds, not {args.cache}")
+    if args.cache > limits.MAX_SECONDS:  # 1e400 reads as inf: figures never read again
+        raise UsageError(
+            f"--cache must be at most {limits.MAX_SECONDS:.0f} seconds (ten years),"
+            f" not {args.cache}"
+        )
     dsn = database_url()
     if failure := check_options(dsn):
-        log.warning("waiting for the database (%s); serving meanwhile", failure)
+        log.warning("waiting for the database (%s); serving meanwhile", one_line(failure))
     registry = queue_registry(dsn, cache_seconds=args.cache, settings=MetricsSettings.from_env())
     pages = {"/metrics": metrics_page(registry), "/healthz": lambda: (200, b"ok\n", "text/plain")}
-    server = serve_pages(args.host, args.port, pages, "rota-exporter")
+    try:
+        server = serve_pages(args.host, args.port, pages, "rota-exporter")
+    except OSError as exc:  # the port is taken, the address is not this host's
+        raise cannot_listen("the exporter", args.host, args.port, exc, "--port or --host") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -17,7 +17,15 @@ from typing import Any
 from rota import db, limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
 from rota.cli import timeouts
-from rota.cli.common import checked, database_url, decimal, parse_duration, whole_number
+from rota.cli.common import (
+    cannot_listen,
+    checked,
+    database_url,
+    decimal,
+    parse_duration,
+    whole_number,
+)
+from rota.cli.exits import one_line
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.metrics import Page, serve_pages
 from rota.migrate import require_current
@@ -109,7 +117,12 @@ def _run(service: Service, args: argparse.Namespace) -> int:
     stop = threading.Event()
     if getattr(args, "health_port", None) is not None and not once:
         service = Watched(service)
-        serve_pages("0.0.0.0", args.health_port, service.pages(), f"rota-{service.name}-health")
+        try:
+            serve_pages("0.0.0.0", args.health_port, service.pages(), f"rota-{service.name}-health")
+        except OSError as exc:  # the port is taken
+            raise cannot_listen(
+                f"the {service.name}'s probes", "0.0.0.0", args.health_port, exc, "--health-port"
+            ) from None
     if once:
         require_current(dsn)
     else:
@@ -131,7 +144,7 @@ def _wait_until_usable(dsn: str, stop: threading.Event) -> None:
             require_current(dsn)
             return
         except (DatabaseUnavailable, MigrationError) as exc:
-            log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
+            log.warning("waiting for the database (%s); next try in %.1fs", one_line(exc), delay)
             stop.wait(delay)
             delay = min(delay * 2, 10.0)
 

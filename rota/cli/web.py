@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import socket
 import sys
 from typing import TYPE_CHECKING
 
-from rota.cli.common import UsageError, database_url, whole_number
+from rota.cli.common import UsageError, address, cannot_listen, database_url, whole_number
+from rota.cli.exits import one_line
 from rota.db import check_options
 from rota.errors import RotaError
 
@@ -33,7 +36,7 @@ log = logging.getLogger("rota.web")
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("web", help="serve the web console")
     parser.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+        "--host", type=address, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
     parser.add_argument("--port", type=_port, default=8080, help="port to listen on (default 8080)")
     parser.add_argument(
@@ -41,11 +44,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--proxy-header",
+        type=_header,
         metavar="HEADER",
         help="header with the user's name (e.g. X-Forwarded-User), trusted from --proxy-from only",
     )
     parser.add_argument(
         "--proxy-groups-header",
+        type=_header,
         metavar="HEADER",
         help="header with the user's groups, comma-separated (e.g. X-Forwarded-Groups)",
     )
@@ -59,6 +64,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--operator",
         action="append",
+        type=_name,
         default=[],
         metavar="USER",
         help="proxy user that may act (repeatable); other proxy users only look",
@@ -66,6 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--operator-group",
         action="append",
+        type=_name,
         default=[],
         metavar="GROUP",
         help="proxy group whose members may act (repeatable; from --proxy-groups-header)",
@@ -91,6 +98,53 @@ def _port(text: str) -> int:
     return value
 
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header's name (RFC 9110's token): anything else never arrives as one."""
+
+
+def _header(text: str) -> str:
+    """argparse type: a header name an auth proxy can set."""
+    if not _TOKEN.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"must be an HTTP header name such as X-Forwarded-User, not {text!r}"
+        )
+    return text
+
+
+def _name(text: str) -> str:
+    """argparse type: a proxy user's or group's name, never blank (no user is named so)."""
+    if not text.strip() or not _utf8(text):
+        raise argparse.ArgumentTypeError(f"must be a non-blank name in UTF-8, not {text!r}")
+    return text
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8: a byte that is not reaches Python as a lone surrogate."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _variable(name: str) -> str:
+    """An environment variable of the console ("" when unset), in UTF-8 (it is not
+    repeated: it is a secret)."""
+    value = os.environ.get(name, "")
+    if not _utf8(value):
+        raise UsageError(f"{name} is not valid UTF-8")
+    return value
+
+
+def _token() -> str | None:
+    token = _variable("ROTA_WEB_TOKEN")
+    if token and not token.strip():
+        raise UsageError(
+            "ROTA_WEB_TOKEN is blank: set a token, or unset it (anybody may look, nobody may act)"
+        )
+    return token or None
+
+
 def settings_from(args: argparse.Namespace) -> WebSettings:
     """The console's settings from the arguments and the environment."""
     try:
@@ -101,10 +155,11 @@ def settings_from(args: argparse.Namespace) -> WebSettings:
         ) from None
     if args.proxy_header and not args.proxy_from:
         raise UsageError("--proxy-header needs --proxy-from: the addresses of the auth proxy")
-    secret = os.environ.get("ROTA_WEB_SECRET", "").encode()
+    secret = _variable("ROTA_WEB_SECRET").encode()
+    token = _token()
     try:
         auth = AuthSettings(
-            token=os.environ.get("ROTA_WEB_TOKEN") or None,
+            token=token,
             secret=secret,
             proxy_header=args.proxy_header,
             proxy_groups_header=args.proxy_groups_header,
@@ -120,11 +175,26 @@ def settings_from(args: argparse.Namespace) -> WebSettings:
     return WebSettings(dsn=database_url(), auth=auth, read_only=args.read_only)
 
 
+def _check_address(host: str, port: int) -> None:
+    """Take the address once before uvicorn does, so that one that cannot be had (the
+    port taken, a host not this one) is said in one line, and nothing started."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            probe.bind(where)
+    except OSError as exc:
+        raise cannot_listen("the console", host, port, exc, "--port or --host") from None
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    _check_address(args.host, args.port)
     if failure := check_options(settings.dsn):
         # The pool keeps trying: pages answer once the database does.
-        log.warning("waiting for the database (%s); serving meanwhile", failure)
+        log.warning("waiting for the database (%s); serving meanwhile", one_line(failure))
     import uvicorn
 
     from rota.web import create_app

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,9 @@ def test_an_unreachable_database_ends_the_start_with_exit_1(tmp_path, monkeypatc
     assert main(["worker", "--handlers", served, "--startup-wait", "1"]) == 1
     err = capsys.readouterr().err
     assert "gave up after 1s waiting for the database (--startup-wait)" in err
+    # libpq's reason has a line of its own ("\tIs the server running ..."): each
+    # log line and the exit's reason stay one line.
+    assert not [line for line in err.splitlines() if line[:1].isspace()]
 
 
 def test_an_unmigrated_database_ends_the_start_with_exit_1(
@@ -77,3 +82,39 @@ def test_djangos_console_handler_leaves_the_lines_to_the_root(capsys) -> None:
         assert [type(h) for h in django_logger.handlers] == [logging.NullHandler]
     finally:
         django_logger.handlers[:], root.handlers[:] = saved
+
+
+@pytest.mark.parametrize("types", ["", ",", " , "])
+def test_a_blank_list_of_types_is_refused(tmp_path, monkeypatch, capsys, types) -> None:
+    # "" claimed every handled type, "," started a worker that claimed none.
+    monkeypatch.setenv("ROTA_DATABASE_URL", "postgresql://rota@127.0.0.1:9/rota")
+    served = module(tmp_path, monkeypatch, '@rota.handler("mail.any")\ndef send(p):\n    pass\n')
+    assert main(["worker", "--handlers", served, "--types", types]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--types" in line and "names no job type" in line
+
+
+def test_a_metrics_port_in_use_ends_the_start_with_one_line(
+    tmp_path, monkeypatch, capsys, db_url
+) -> None:
+    monkeypatch.setenv("ROTA_DATABASE_URL", db_url)
+    served = module(tmp_path, monkeypatch, '@rota.handler("mail.port")\ndef send(p):\n    pass\n')
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["worker", "--handlers", served, "--metrics-port", str(port), "--no-scheduler"]
+        assert main([*args, "--no-reaper"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rota:")]
+    assert lines == [
+        f"rota: the worker's probes could not listen on 0.0.0.0:{port}: choose another"
+        " metrics port (Address already in use)"
+    ]
+    assert not [t for t in threading.enumerate() if t.name.startswith("rota-")]
+
+
+@pytest.mark.parametrize("seconds", ["-1", "0", "nan", "1e400"])
+def test_the_demo_refuses_a_length_it_cannot_keep(capsys, seconds) -> None:
+    assert main(["demo", "--seconds", seconds]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--seconds" in line

@@ -26,6 +26,7 @@ from rota.cli.common import (
     port_number,
     positive_int,
 )
+from rota.cli.exits import one_line
 from rota.db import check_options, connect
 from rota.errors import DatabaseUnavailable, MigrationError, RotaError
 from rota.handlers import check_served
@@ -129,7 +130,11 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="Rota on an embedded PostgreSQL with sample jobs")
-    p.add_argument("--seconds", type=decimal, help="stop after this long (default: Ctrl-C)")
+    p.add_argument(
+        "--seconds",
+        type=checked(decimal, limits.interval_seconds),
+        help="stop after this long (default: Ctrl-C)",
+    )
     p.add_argument(
         "--port",
         type=port_number,
@@ -185,7 +190,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from rota_worker import Worker, WorkerSettings
 
     sys.path.insert(0, ".")
-    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    types = _types(args.types)
     settings = WorkerSettings(
         concurrency=args.concurrency,
         lease_seconds=args.lease,
@@ -225,6 +230,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _types(option: str | None) -> list[str] | None:
+    """The job types of `--types a,b` (None: every handled type)."""
+    if option is None:
+        return None
+    types = [t.strip() for t in option.split(",") if t.strip()]
+    if not types:
+        raise UsageError(
+            f"--types names no job type ({option!r}): give a comma-separated list, or leave"
+            " it out to claim every type with a handler"
+        )
+    return types
+
+
 def wait_for_database(dsn: str, connection: ConnectionSettings, seconds: float) -> None:
     """Return once the database answers with Rota's current schema; after `seconds`
     of trying, a `RotaError` that says why (`rota` exits 1): a wrong URL or an
@@ -245,7 +263,7 @@ def wait_for_database(dsn: str, connection: ConnectionSettings, seconds: float) 
                 raise RotaError(
                     f"gave up after {seconds:g}s waiting for the database (--startup-wait): {exc}"
                 ) from None
-            log.warning("waiting for the database (%s); giving up in %.0fs", exc, left)
+            log.warning("waiting for the database (%s); giving up in %.0fs", one_line(exc), left)
             time.sleep(min(2.0, left))
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import generate_latest
 
+from rota.errors import RotaError
 from rota.metrics import RUNS, MetricsSettings, serve_pages, worker_registry
 
 if TYPE_CHECKING:
@@ -92,6 +93,12 @@ def serve(
         return 200, metrics(), "text/plain; version=0.0.4; charset=utf-8"
 
     pages = {"/healthz": healthz, "/readyz": readyz, "/metrics": page}
-    server = serve_pages(host, port, pages, "rota-probes")
+    try:
+        server = serve_pages(host, port, pages, "rota-probes")
+    except OSError as exc:  # the port is taken, or the host is not this machine's
+        raise RotaError(
+            f"the worker's probes could not listen on {host}:{port}: choose another"
+            f" metrics port ({exc.strerror or exc})"
+        ) from None
     log.info("serving /metrics, /healthz and /readyz on port %d", port)
     return server

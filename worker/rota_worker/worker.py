@@ -196,8 +196,8 @@ class Worker:
         links["claim"] = Link(
             self.dsn, "claim", io, self.deadlines, self.settings.poll_interval_seconds
         )
+        server = self.probes.serve()  # first: a port it cannot take ends the start
         self.listener.start()
-        server = self.probes.serve()
         services_stop = threading.Event()
         log.info(
             "worker %s started: types=%s concurrency=%d isolation=%s",
