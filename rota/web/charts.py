@@ -155,8 +155,11 @@ def chart(
     span: Range,
 ) -> Chart:
     """The chart of `lines` (the first is the total, drawn first) over the range
-    ending at `end`; a line with fewer than two points is left out."""
-    kept = {name: sorted(points) for name, points in lines.items() if len(points) >= 2}
+    ending at `end`; a point that is no finite number (NaN, infinity: a sample
+    written around the checks) is a gap, and a line with fewer than two points is
+    left out."""
+    finite = {name: [p for p in points if math.isfinite(p[1])] for name, points in lines.items()}
+    kept = {name: sorted(points) for name, points in finite.items() if len(points) >= 2}
     if not kept:
         return Chart(title, span, (), (), (), (), None, 0.0)
     start = end - span.span

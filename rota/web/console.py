@@ -47,6 +47,9 @@ from rota.web.auth import Identity
 log = logging.getLogger("rota.web")
 
 JOBS_PARAMS = {*filters.FIELDS, "before", "limit"}
+FORM_TYPES = ("", "application/x-www-form-urlencoded", "multipart/form-data")
+"""The bodies an action reads (none at all, or a form): any other body, JSON say,
+is refused rather than read as an empty form."""
 MAX_NEXT = 16 * 1024
 """Longest `next` an action's form may carry: the request head uvicorn's HTTP/1.1
 parser (h11) takes, so any page the console served, whatever its filter, is one
@@ -204,6 +207,9 @@ class Console:
         client = request.client.host if request.client else None
         if not auth.same_origin(self.settings.auth, who, request.headers, client):
             raise HTTPException(403, "the request comes from another site (Origin)")
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind not in FORM_TYPES:
+            raise HTTPException(415, f"an action takes a form, not {kind[:80]}")
         form = await request.form()
         given = form.get("csrf")
         if not auth.csrf_ok(who, given if isinstance(given, str) else None):
@@ -291,9 +297,9 @@ def in_zone(value: datetime | None, zone_name: str) -> str:
         return str(value)
     try:
         local = value.astimezone(ZoneInfo(zone_name))
-    except (ValueError, KeyError, ZoneInfoNotFoundError):
-        local = value.astimezone(UTC)
-    return local.strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (ValueError, KeyError, ZoneInfoNotFoundError, OverflowError):
+        local = value.astimezone(UTC)  # OverflowError: the zone's day is past year 1 or 9999
+    return f"{local.date().isoformat()} {local:%H:%M:%S %Z}"  # %Y writes year 1 as "1"
 
 
 def path_segment(name: str) -> str:
@@ -316,11 +322,14 @@ def _instant(value: datetime | None) -> str:
 
 def job_id_of(request: Request) -> int:
     job_id = filters.parse_id(request.path_params["job_id"], "job id")
-    assert job_id is not None
+    if job_id is None:  # blank: a path segment of spaces
+        raise InvalidInput("job id is not a whole number: it is blank")
     return job_id
 
 
 def check_params(request: Request, allowed: set[str]) -> None:
+    """A page reads the parameters it names, each once: an unknown one (a typo) or
+    one given twice (of which only one would be read) is refused."""
     unknown = sorted(set(request.query_params) - allowed)
     if unknown and not allowed:
         raise InvalidInput(f"this page takes no parameters, not {unknown[0]!r}")
@@ -328,6 +337,10 @@ def check_params(request: Request, allowed: set[str]) -> None:
         raise InvalidInput(
             f"unknown parameter {unknown[0]!r} (known: {', '.join(sorted(allowed))})"
         )
+    counts = Counter(name for name, _ in request.query_params.multi_items())
+    twice = sorted(name for name, n in counts.items() if n > 1)
+    if twice:
+        raise InvalidInput(f"parameter {twice[0]!r} is given twice")
 
 
 def check_form(
@@ -343,6 +356,9 @@ def check_form(
     unknown = sorted(set(counts) - allowed)
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
+    files = sorted(name for name, value in form.multi_items() if not isinstance(value, str))
+    if files:
+        raise InvalidInput(f"field {files[0]!r} must be text, not a file")
     twice = sorted(name for name, n in counts.items() if n > 1 and name not in repeated)
     if twice:
         raise InvalidInput(f"field {twice[0]!r} is given twice")

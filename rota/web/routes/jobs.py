@@ -3,15 +3,15 @@ and on everything a filter matches."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rota.errors import InvalidInput
 from rota.web import actions, filters, reads
 from rota.web.console import JOBS_PARAMS, Console, check_params, form_field, job_id_of
 from rota.web.routes.acting import threaded
@@ -50,9 +50,8 @@ def bulk_confirm(c: Console, request: Request) -> Response:
     who = c.viewer(request)
     check_params(request, {*filters.FIELDS, "action", "priority"})
     q = request.query_params
-    bulk = actions.bulk_action(q.get("action"))
+    bulk, priority = _bulk_of(q)
     found = filters.parse_filter(q)
-    priority = filters.parse_priority(q.get("priority")) if bulk.name == "priority" else None
     with c.conn() as conn:
         count = actions.bulk_count(conn, bulk, found)
     return c.render(
@@ -88,12 +87,16 @@ async def selected_apply(c: Console, request: Request) -> Response:
     return c.acted(request, form, done)
 
 
-def _bulk_of(form: FormData) -> tuple[actions.Bulk, int | None]:
-    """A bulk action's name and, for a priority change, the new priority."""
-    bulk = actions.bulk_action(form_field(form, "action"))
+def _bulk_of(fields: Mapping[str, Any]) -> tuple[actions.Bulk, int | None]:
+    """A bulk action's name and, for a priority change, the new priority (a
+    priority given with another action is refused, never left unread)."""
+    bulk = actions.bulk_action(form_field(fields, "action"))
+    priority = form_field(fields, "priority")
     if bulk.name != "priority":
+        if priority is not None:
+            raise InvalidInput(f"priority goes with the priority action only, not with {bulk.name}")
         return bulk, None
-    return bulk, filters.parse_priority(form_field(form, "priority"))
+    return bulk, filters.parse_priority(priority)
 
 
 def routes(c: Console) -> list[Route]:

@@ -13,10 +13,11 @@ from starlette.routing import Route
 from rota import sql
 from rota.db import fetch_all
 from rota.web import auth
-from rota.web.console import Console, next_of, safe_next
+from rota.web.console import Console, check_form, check_params, next_of, safe_next
 
 
 def login_page(c: Console, request: Request) -> Response:
+    check_params(request, {"next"})
     return c.render(
         request, "login.html", auth.ANONYMOUS,
         next=safe_next(request.query_params.get("next")), error="", nav="",
@@ -34,6 +35,7 @@ def _from_this_site(c: Console, request: Request) -> None:
 async def login(c: Console, request: Request) -> Response:
     _from_this_site(c, request)
     form = await request.form()
+    check_form(request, form, {"token", "next"}, ())
     raw = form.get("token")
     given = raw.strip() if isinstance(raw, str) else ""
     target = next_of(form)

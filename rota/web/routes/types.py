@@ -28,8 +28,12 @@ def types(c: Console, request: Request) -> Response:
 def types_action(c: Console, pause: bool) -> Any:
     async def endpoint(request: Request) -> Response:
         who, form = await c.actor(request, ["type", "all"])
-        every = form_field(form, "all") is not None
+        every = form_field(form, "all")
         job_type = name_field(form)
+        if every not in (None, "1"):
+            raise InvalidInput(f"all must be 1 (every type), not {every[:20]!r}")
+        if every and job_type:
+            raise InvalidInput("give a job type or all=1, not both")
         if not every and not job_type:
             raise InvalidInput("give a job type, or all")
         chosen = None if every else [job_type or ""]
