@@ -111,6 +111,8 @@ _REFUSED_OPTION = re.compile(
     r'invalid integer value .* for connection option "(?P<integer>\w+)"'
     r"|bad value for (?P<bad>\w+)|invalid (?P<invalid>\w+) value|invalid (?P<port>port) number"
     r"|could not parse network address|could not match \d+ (?:host names|port numbers)"
+    r'|invalid connection option "(?P<unknown>\w+)"|invalid URI query parameter: "(?P<query>\w+)"'
+    r'|missing "=" after|unterminated quoted string|invalid percent-encoded token'
 )
 """How libpq (and psycopg before it) refuses a connection option's value, and
 which option it names: the URL or a PG* variable is at fault, not the server,
@@ -133,10 +135,24 @@ def refused_option(exc: BaseException) -> ConnectionOptionRefused | None:
     return ConnectionOptionRefused(" ".join(text[found.start() :].split()), option)
 
 
+def _readable(dsn: str) -> None:
+    """A connection string libpq can be given whole: a NUL would end it where libpq
+    reads it (what follows silently left out), and a lone surrogate (what Python
+    makes of bytes that are not UTF-8) cannot be sent at all."""
+    if "\x00" in dsn:
+        raise ConnectionOptionRefused("the connection string holds a NUL character")
+    try:
+        dsn.encode()
+    except UnicodeEncodeError:
+        raise ConnectionOptionRefused("the connection string is not valid UTF-8") from None
+
+
 @contextlib.contextmanager
-def _connecting() -> Iterator[None]:
-    """Inside `errors_wrapped()`, where a connection is opened: options libpq
-    refuses raise `ConnectionOptionRefused`, never an outage."""
+def _connecting(dsn: str | None = None) -> Iterator[None]:
+    """Inside `errors_wrapped()`, where a connection to `dsn` is opened: options
+    libpq refuses raise `ConnectionOptionRefused`, never an outage."""
+    if dsn is not None:
+        _readable(dsn)
     try:
         yield
     except psycopg.Error as exc:
@@ -162,7 +178,7 @@ def check_options(dsn: str) -> DatabaseUnavailable | DatabaseError | None:
     carry options of their own in place of the URL's (`rota worker`'s timeouts).
     An outage is the caller's to wait for, as ever."""
     try:
-        with errors_wrapped(), _connecting():
+        with errors_wrapped(), _connecting(dsn):
             # psycopg's reading of connect_timeout (refused if it is no number),
             # which the attempt below may shorten
             seconds = timeout_from_conninfo(conninfo_to_dict(dsn))
@@ -182,7 +198,7 @@ def connect(
     """Open a connection that returns rows as dicts (of `connection_class`, a
     psycopg `Connection` or a subclass); options libpq refuses raise
     `ConnectionOptionRefused`."""
-    with errors_wrapped(), _connecting():
+    with errors_wrapped(), _connecting(dsn):
         conn: Conn = connection_class.connect(
             dsn,
             autocommit=autocommit,
@@ -231,7 +247,7 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
         with errors_wrapped():
             yield joined
         return
-    with errors_wrapped(), _connecting():
+    with errors_wrapped(), _connecting(aconn_or_dsn):
         conn: AConn = await psycopg.AsyncConnection.connect(
             aconn_or_dsn, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
         )

@@ -29,6 +29,8 @@ REFUSED = [
     ("keepalives=x", "keepalives", 'invalid integer value "x" for connection option "keepalives"'),
     ("hostaddr=zz", None, 'could not parse network address "zz"'),
     ("host=a,b&port=1,2,3", None, "could not match 3 port numbers to 2 hosts"),
+    ("nosuch=1", "nosuch", 'invalid URI query parameter: "nosuch"'),
+    ("a%zz=1", None, 'invalid percent-encoded token: "a%zz"'),
 ]
 """A URL's query, the option libpq names in its refusal (if any), and the refusal."""
 
@@ -71,3 +73,24 @@ def test_only_libpq_s_own_failure_is_a_refused_option() -> None:
     assert db.refused_option(psycopg.errors.InvalidParameterValue(said)) is None
     assert db.refused_option(psycopg.OperationalError("connection failed: timeout")) is None
     assert db.refused_option(ValueError(said)) is None
+
+
+@pytest.mark.parametrize(
+    ("dsn", "option", "reason"),
+    [
+        ("garbage=1", "garbage", 'invalid connection option "garbage"'),
+        ("host=h port", None, 'missing "=" after "port" in connection info string'),
+        ("host='x", None, "unterminated quoted string in connection info string"),
+        ("postgresql://rota@h/rota\x00other", None, "the connection string holds a NUL"),
+        ("postgresql://rota@h/\udcff", None, "the connection string is not valid UTF-8"),
+    ],
+)
+def test_a_connection_string_libpq_cannot_read_is_bad_input(
+    dsn: str, option: str | None, reason: str
+) -> None:
+    # A NUL ended the string where libpq read it: the database after it was
+    # silently left out.
+    with pytest.raises(ConnectionOptionRefused) as refused:
+        db.connect(dsn)
+    assert refused.value.option == option
+    assert refused.value.reason.startswith(reason)
