@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import logging
 import random
 from collections.abc import Mapping
@@ -38,6 +40,22 @@ OWNED: dict[str, Any] = {INSTANCE_LABEL: _DECLARED.instance or kopf.ABSENT}
 (without an instance) those that carry no instance label at all."""
 
 
+class PayloadDigested(kopf.AnnotationsDiffBaseStorage):
+    """kopf's record of the spec it handled, with a JobSchedule's payload as its
+    digest: an object holds at most 256 KiB of annotations, and `kubectl apply`
+    keeps a copy of the spec too, so a full copy of a large payload made every
+    patch of the object fail. A change of the payload still changes the digest,
+    and is handled as any change."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        spec = essence.get("spec")
+        if isinstance(spec, dict) and "payload" in spec:
+            text = json.dumps(spec["payload"], sort_keys=True, separators=(",", ":"))
+            spec["payload"] = {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+        return essence
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Read the settings, prepare the API client, start /metrics; tune kopf's storage."""
@@ -48,7 +66,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Each installation has its own keys: two operators never strip each other's finalizer.
     settings.persistence.finalizer = config.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.domain)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = PayloadDigested(
         prefix=config.domain, key="last-handled-configuration"
     )
     settings.peering.name = config.peering_name

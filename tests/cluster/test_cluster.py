@@ -442,6 +442,47 @@ def test_an_invalid_jobschedule_is_refused_or_not_ready(
     kube.kubectl("-n", NS, "delete", "jobschedule", "broken", "--timeout=60s")
 
 
+def _weighty(blob: str) -> str:
+    """A JobSchedule whose payload holds some 150 kB, as `kubectl apply` reads it."""
+    return json.dumps({
+        "apiVersion": "rota.dev/v1", "kind": "JobSchedule", "metadata": {"name": "weighty"},
+        "spec": {"jobType": "cluster.weighty", "schedule": "0 0 1 1 *", "payload": {"b": blob}},
+    })  # fmt: skip
+
+
+def test_a_jobschedule_with_a_large_payload_is_handled(
+    kube: Kube, database: Database, release: Path
+) -> None:
+    # An object holds at most 256 KiB of annotations: `kubectl apply` keeps a
+    # copy of the spec in one, and kopf's record of the spec it handled must fit
+    # beside it, or every patch of the object (its status too) is refused.
+    for blob in ("x" * 150_000, "y" * 150_000):  # created, then its payload alone changed
+        kube.kubectl("-n", NS, "apply", "-f", "-", stdin=_weighty(blob))
+        wait_until(
+            "the payload stored",
+            lambda b=blob: database.rows(
+                "SELECT 1 FROM rota.schedule WHERE name = 'rota/weighty' AND payload->>'b' = %(b)s",
+                {"b": b},
+            ),
+            120,
+        )
+        generation = kube.get("jobschedule", "weighty")["metadata"]["generation"]
+        status = wait_until(
+            "the status of the current generation",
+            lambda g=generation: (
+                (got := kube.get("jobschedule", "weighty").get("status") or {})
+                and got.get("observedGeneration") == g
+                and got
+            ),
+            120,
+        )
+        (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+        assert ready["status"] == "True", ready
+        assert status["nextRunAt"]
+    kube.kubectl("-n", NS, "delete", "jobschedule", "weighty", "--timeout=60s")
+    assert database.value("SELECT count(*) FROM rota.schedule WHERE name = 'rota/weighty'") == 0
+
+
 def test_workerpool_bounds_hold_without_cel(kube: Kube, release: Path) -> None:
     """Below 1.25 the API server has no CEL rule for min <= max: the operator refuses it."""
     out = kube.kubectl("-n", NS, "apply", "-f", "-", stdin=BAD_BOUNDS, check=False)

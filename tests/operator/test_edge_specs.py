@@ -123,6 +123,28 @@ def test_a_refused_change_keeps_the_row_and_says_why(
     assert schedules.get(db_url, "default/refit")["payload"] == {"v": 1}  # type: ignore[index]
 
 
+def test_a_large_payload_is_recorded_by_its_digest(
+    operator: KopfRunner, kube_api: Api, db_url: str
+) -> None:
+    # kopf records the spec it handled in an annotation, and a real API server
+    # holds at most 256 KiB of annotations an object: beside the copy `kubectl
+    # apply` keeps, a payload of some 130 kB made every patch of the object
+    # (status included) fail. The payload is recorded by its digest.
+    big = {"blob": "x" * 200_000}
+    kube_api.create(PATH, job_schedule("weighty", payload=big))
+    wait_for(lambda: handled_spec(kube_api, "weighty"), what="the spec handled")
+    annotations = kube_api.get(f"{PATH}/weighty")["metadata"]["annotations"]
+    assert len(annotations[HANDLED]) < 2_000, len(annotations[HANDLED])
+    assert schedules.get(db_url, f"{NS}/weighty")["payload"] == big  # type: ignore[index]
+
+    changed = {"blob": "y" * 200_000}  # the payload alone: still a change to handle
+    kube_api.patch(f"{PATH}/weighty", {"spec": {"payload": changed}})
+    wait_for(
+        lambda: schedules.get(db_url, f"{NS}/weighty")["payload"] == changed,  # type: ignore[index]
+        what="the new payload stored",
+    )
+
+
 # JobSchedule: odd values the CRD admits.
 
 LONG_NAME = ("a" * 240 + "-long.name")[:253]
