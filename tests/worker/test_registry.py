@@ -77,3 +77,19 @@ def test_a_running_worker_is_in_the_registry_until_it_stops(conn, db_url) -> Non
     thread.join(30)
     assert not thread.is_alive()
     assert conn.execute(seen).fetchone() is None
+
+
+def test_a_registered_worker_counts_as_alive_before_its_first_refresh(conn, db_url) -> None:
+    # The connection that took the presence lock at registration was closed,
+    # and the lock with it: a new worker counted as gone until its first
+    # refresh (lease / 3 later) in `rota status` and rota_workers.
+    registry = _registry(db_url)
+    registry.register()
+    try:
+        assert [w.id for w in workers.live(conn)] == [INFO.id]
+        assert registry.step() == 10.0  # the loop's rounds go on on that connection
+        assert [w.id for w in workers.live(conn)] == [INFO.id]
+    finally:
+        registry.deregister()
+        registry.close()
+    assert workers.live(conn) == []

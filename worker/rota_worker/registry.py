@@ -42,8 +42,10 @@ class Registry(Loop):
         self._call(workers.refresh, self.connection())
 
     def register(self) -> None:
-        """Write the row (before `start`, in the caller's thread)."""
-        self._once(workers.register)
+        """Write the row (before `start`, in the caller's thread) on the connection
+        the loop's rounds go on with: it holds the presence lock, without which the
+        worker counts as gone (`worker_presence_hold`)."""
+        self._once(workers.register, keep=True)
         self.registered = True
 
     def deregister(self) -> None:
@@ -51,14 +53,18 @@ class Registry(Loop):
         if self.registered:
             self._once(workers.deregister)
 
-    def _once(self, call: Callable[..., object]) -> None:
-        """`call` outside the loop's rounds: on the loop's connection, or on one of
-        its own if a round stuck on the network still holds that one."""
+    def _once(self, call: Callable[..., object], keep: bool = False) -> None:
+        """`call` outside the loop's rounds: on the loop's connection (closed after
+        unless `keep`), or on one of its own if a round stuck on the network
+        still holds that one."""
         try:
             if not self.is_alive():
                 try:
                     self._call(call, self.connection())
-                finally:
+                except BaseException:
+                    self.close()
+                    raise
+                if not keep:
                     self.close()
                 return
             with contextlib.closing(self._connect_once()) as conn:
