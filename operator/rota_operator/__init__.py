@@ -13,3 +13,13 @@ try:
 except SettingsError as exc:  # read as the handlers are declared: say it in one line
     print(f"rota-operator: error: {exc}", file=sys.stderr)
     raise SystemExit(2) from None
+except ModuleNotFoundError as exc:  # `pip install rota` installs the script without them
+    missing = (exc.name or "").partition(".")[0]
+    if missing not in ("kopf", "kubernetes"):
+        raise
+    print(
+        "rota-operator: error: the operator needs the 'operator' extra:"
+        f" pip install 'rota[operator]' (no module named {missing!r})",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None

@@ -135,3 +135,21 @@ def test_a_database_away_at_start_is_retried_object_by_object(
         code = process.wait(timeout=30)
     log.seek(0)
     assert code == 0, log.read()
+
+
+@pytest.mark.parametrize("missing", ["kopf", "kubernetes"])
+def test_an_install_without_the_operator_extra_says_what_to_install(missing: str) -> None:
+    # `pip install rota` installs the script without kopf and kubernetes: it
+    # ended in a ModuleNotFoundError traceback.
+    hidden = (
+        f"import sys; sys.modules[{missing!r}] = None; sys.argv = ['rota-operator'];"
+        " import runpy; runpy.run_module('rota_operator', run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hidden], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "rota-operator: error: the operator needs the 'operator' extra:"
+        f" pip install 'rota[operator]' (no module named {missing!r})"
+    ]
