@@ -310,6 +310,7 @@ WITH written AS (
             ELSE f.outcome
         END,
         run_at = CASE
+            WHEN f.outcome = 'retry' AND j.attempts >= j.max_attempts THEN j.run_at  -- dead
             WHEN f.outcome IN ('retry', 'released') AND j.cancel_requested_at IS NULL
                 THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
             ELSE j.run_at
@@ -429,13 +430,18 @@ reset AS (
                       WHEN expired.progressed THEN 'ready'
                       WHEN j.attempts >= j.max_attempts THEN 'dead'
                       ELSE 'ready' END,
-        run_at = coalesce(%(now)s::timestamptz, now()) + CASE
-            WHEN expired.progressed THEN interval '0'
-            ELSE make_interval(secs => greatest(0, least(
-                %(cap)s::float8,
-                least(%(cap)s::float8,
-                      %(base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 60)))
-                * (1 + %(jitter)s::float8 * (2 * random() - 1)))))
+        run_at = CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+                 OR (j.attempts >= j.max_attempts AND NOT expired.progressed)
+                THEN j.run_at  -- ended: the time it was due stays
+            ELSE coalesce(%(now)s::timestamptz, now()) + CASE
+                WHEN expired.progressed THEN interval '0'
+                ELSE make_interval(secs => greatest(0, least(
+                    %(cap)s::float8,
+                    least(%(cap)s::float8,
+                          %(base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 60)))
+                    * (1 + %(jitter)s::float8 * (2 * random() - 1)))))
+                END
             END,
         attempts = CASE WHEN expired.progressed THEN j.attempts - 1 ELSE j.attempts END,
         releases = CASE WHEN expired.progressed THEN j.releases + 1 ELSE 0 END,

@@ -204,6 +204,21 @@ def test_outcomes(conn: psycopg.Connection[Any]) -> None:
     assert (released["attempts"], released["run_at"]) == (0, at(5))
 
 
+def test_a_job_that_goes_dead_keeps_the_time_it_was_due(conn: psycopg.Connection[Any]) -> None:
+    # A retry past max_attempts, by the worker or by the reaper, wrote a run_at
+    # of now plus a backoff: `rota dead list` showed a dead job due later.
+    ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=1) for _ in range(2)], now=T0)
+    claims.claim(conn, "w", 10, 30, now=at(0))
+    written = claims.write_outcomes(
+        conn, "w", [Attempt(ids[0], 1, Outcome.RETRY, 10, "ValueError: x")], now=at(5)
+    )
+    assert list(written.values()) == ["dead"]
+    assert Reaper().run_once(conn, now=at(31)).dead == [ids[1]]
+    for job_id in ids:
+        r = row(conn, job_id)
+        assert (r["status"], r["run_at"]) == ("dead", T0)
+
+
 ODD_ERRORS = ["", "NULL", "a,b", 'say "hi"', "back\\slash", '\\"', "{x}", "two\nlines", "ünï", " "]
 
 
