@@ -88,7 +88,9 @@ def emit(conn_or_dsn: ConnOrDsn, key: str, payload: Any = None) -> int:
     later one changes nothing. Returns the number of jobs woken. Inside the
     caller's transaction when given a connection (nothing committed for it)."""
     limits.name(key, "event key")
-    encoded = limits.encode_payload(payload)
+    # No payload is SQL's NULL, as `rota.emit(key)` in SQL stores it: a wait
+    # returns None, not the {} a job's payload of None becomes.
+    encoded = None if payload is None else limits.encode_payload(payload)
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("emit"), {"key": key, "payload": encoded})
     return int(rows[0]["woken"])
@@ -229,7 +231,8 @@ class Run:
         """The attempt is over (`close`): a durable call still on its way (an async
         handler's, in a thread the handler left) borrows no connection."""
         self._stored: dict[str, Any] | None = None
-        self._names: set[str] = set()
+        self._names: dict[str, set[str]] = {"step": set(), "spawn": set()}
+        """The step and spawn names this run has used, each kind apart."""
         self._counts = {"sleep": 0, "gather": 0, "spawn": 0}
         self._in_step = False
         self._lock = threading.RLock()
@@ -406,7 +409,7 @@ class Run:
             return rows[0]["payload"]
         # Its time came first (or the event was emitted so long ago that the
         # archive has deleted it since).
-        raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout else None)
+        raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout is not None else None)
 
     def spawn(
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
@@ -417,6 +420,9 @@ class Run:
         count = self._next("spawn")
         name = limits.name(str(count) if name is None else name, "spawn name")
         params = _child_params(self.job.id, name, job_type, payload, options) | self._holder()
+        # Twice in one run, a name would answer the second spawn with the first
+        # one's child (of another type, maybe): a bug, as a step's name used twice.
+        self._name(name, "spawn")
         [made] = self._write(sql.query("spawn_child"), params)
         if not made["held"]:
             raise LeaseLost(f"job {self.job.id}: lease lost before it could spawn {name!r}")
@@ -468,7 +474,7 @@ class Run:
         """Suspend on the wait `name` unless it has ended; how it ended."""
         with self._lock:
             if self._in_step:
-                raise Permanent(f"{name} inside a step: a step cannot wait")
+                raise Permanent(f"{name!r} inside a step: a step cannot wait")
         # A stopped attempt does not wait: it ends as its stop says.
         self.job.raise_if_cancelled()
         if children is not None:
@@ -509,9 +515,9 @@ class Run:
     def _name(self, name: str, what: str) -> None:
         limits.name(name, f"{what} name")
         with self._lock:
-            if name in self._names:
+            if name in self._names[what]:
                 raise Permanent(f"{what} name {name!r} used twice in one run of job {self.job.id}")
-            self._names.add(name)
+            self._names[what].add(name)
 
     def _next(self, what: str) -> int:
         with self._lock:
@@ -559,8 +565,11 @@ def _child_params(
 ) -> dict[str, Any]:
     unknown = sorted(set(options) - CHILD_OPTIONS)
     if unknown:
+        # A keyword may be any string (`**{"a\nb": 1}`): shown as a repr unless
+        # it is a plain identifier, so that the reason stays one line.
+        shown = ", ".join(u if u.isidentifier() else repr(u) for u in unknown)
         raise Permanent(
-            f"spawn takes {', '.join(sorted(CHILD_OPTIONS))} (not {', '.join(unknown)}):"
+            f"spawn takes {', '.join(sorted(CHILD_OPTIONS))} (not {shown}):"
             " a child is unique by its parent and name, never by a key"
         )
     child = NewJob(job_type, payload, **options)

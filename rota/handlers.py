@@ -85,7 +85,7 @@ class Context:
 
     def gather(self, ids: Sequence[int]) -> Any:
         """The children's results in order once all are done; `rota.ChildFailed` if one died."""
-        return self._call("gather", list(ids))
+        return self._call("gather", ids)  # the run checks them (never a string or a dict)
 
     def _run(self) -> Run:
         if self.run is None:

@@ -407,6 +407,10 @@ def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
             continue
         if depth > MAX_JSON_DEPTH:
             raise InvalidInput(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+        if walked + len(pending) + len(value) > max_bytes:
+            # Each value queued is walked later: refused before a list of
+            # millions is queued (memory a worker may not have).
+            raise InvalidInput(f"{what} is over the limit of {max_bytes} bytes")
         items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
         for key, item in items:
             if isinstance(key, str):

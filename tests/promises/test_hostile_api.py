@@ -458,3 +458,22 @@ def test_an_archived_row_has_a_status_the_readers_know(conn: psycopg.Connection[
             "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
             " max_attempts, created_at) VALUES (1, 't', '{}', 'bogus', now(), 0, 1, now())"
         )
+
+
+@pytest.mark.parametrize("ids", [5, None, "12", {7: "x"}])
+def test_a_handler_s_gather_refuses_what_is_no_list_of_ids(
+    conn: psycopg.Connection[Any], db_url: str, ids: Any
+) -> None:
+    # The handler's context made a list of them first: gather(5) raised
+    # TypeError, "12" was read as ids 1 and 2, a dict as its keys.
+    from rota.claim import claim
+    from rota.handlers import Context
+
+    rota.enqueue(conn, "parent")
+    [job] = claim(conn, "w", 1, 30)
+    ctx = Context(db_url, "w").for_job(job)
+    try:
+        refused = _refused(conn, lambda c: ctx.gather(ids))
+    finally:
+        ctx.close()
+    assert refused.startswith("child ids must be a list"), refused
