@@ -46,7 +46,7 @@ from django.tasks.base import (
     TaskResult,
     TaskResultStatus,
 )
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
@@ -96,7 +96,10 @@ class RotaBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
+        _check_importable(task)
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        _check_keys(args)
+        _check_keys(kwargs)
         payload = {"task": task.module_path, "args": args, "kwargs": kwargs}
         job_id = rota.enqueue(
             connections[self.database],
@@ -126,16 +129,25 @@ class RotaBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult:
         try:
             job_id = limits.job_id(limits.whole_text(str(result_id)))
+            if str(job_id) != str(result_id):  # "07": only the id enqueue() gave
+                raise ValueError(result_id)
             row = lookup.outcome(connections[self.database], job_id)
         except (ValueError, JobNotFound):  # InvalidInput is a ValueError: no job has it
             raise TaskResultDoesNotExist(result_id) from None
         if not _is_task(row):
             raise TaskResultDoesNotExist(result_id)
+        try:
+            _task_at(row["payload"]["task"])
+        except InvalidTask as exc:  # renamed or removed since: no Task to give it
+            raise TaskResultDoesNotExist(f"{result_id}: {exc}") from None
         return self._result(str(result_id), row)
 
     def _result(self, result_id: str, row: dict[str, Any]) -> TaskResult:
         payload = row["payload"]
-        task = import_string(payload["task"])
+        task = _task_at(payload["task"])
+        queue_name = row["type"].removeprefix(TYPE_PREFIX)
+        if queue_name != task.queue_name and (not self.queues or queue_name in self.queues):
+            task = task.using(queue_name=queue_name)  # the queue it was enqueued on
         errors = [
             TaskError(exception_class_path=_exception_path(e["error"]), traceback=e["error"])
             for e in row["errors"] or []
@@ -157,6 +169,46 @@ class RotaBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", row["result"])
         return result
+
+
+def _task_at(path: str) -> Task:
+    """The Task a payload names, as a worker imports it; InvalidTask when the path
+    does not import or names something other than a Task."""
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise InvalidTask(f"task {path!r} cannot be imported: {exc}") from None
+    if not isinstance(found, Task):
+        raise InvalidTask(f"{path!r} is not a Task (it is {type(found).__name__})")
+    return found
+
+
+def _check_importable(task: Task) -> None:
+    """A worker imports the task by its path: refuse one it cannot (a function of
+    ``__main__``, or one whose name does not lead to its Task)."""
+    path = task.module_path
+    if task.func.__module__ == "__main__":
+        raise InvalidTask(f"task {path!r} is in __main__: a worker cannot import it")
+    found = _task_at(path)
+    if found.func is not task.func:
+        raise InvalidTask(f"{path!r} does not lead to this task's function")
+
+
+def _check_keys(value: Any) -> None:
+    """JSON keys are strings: a key of another type would come back to the task as
+    a string (1 as "1", None as "null"), so it is refused at enqueue."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInput(
+                        f"a key in the task's arguments must be a string, not {key!r}"
+                    )
+                pending.append(inner)
+        elif isinstance(item, list):
+            pending.extend(item)
 
 
 def _is_task(row: dict[str, Any]) -> bool:
@@ -215,7 +267,7 @@ def _run_task(job: Job) -> Any:
 
 def _call_between_signals(job: Job) -> Any:
     payload = job.payload
-    task = import_string(payload["task"])
+    task = _task_at(payload["task"])
     sender = type(task.get_backend())
     result = _running(task, job)
     task_started.send_robust(sender, task_result=result)
@@ -237,6 +289,7 @@ def _call_between_signals(job: Job) -> Any:
 def _running(task: Task, job: Job) -> TaskResult:
     """The task's result as the attempt starts: the job as claimed, RUNNING."""
     row = {
+        "type": job.type,
         "status": Status.RUNNING,
         "payload": job.payload,
         "result": None,
