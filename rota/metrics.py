@@ -435,14 +435,15 @@ def _queue_families(reading: QueueReading | None, max_types: int) -> list[Metric
             return job_type if job_type in named else OTHER_TYPE
 
         live_workers.add_metric([], status.workers)
-        for job_type, measures in _fold(status.types, named).items():
+        folded = _fold(status.types, named)
+        for job_type, measures in folded.items():
             age.add_metric([job_type], measures.oldest_ready_age_seconds)
             running.add_metric([job_type], measures.running)
             waiting.add_metric([job_type], measures.waiting)
             for name in Status:
                 jobs.add_metric([name.value, job_type], measures.count(name))
             paused.add_metric([job_type], 1 if measures.paused else 0)
-        if "*" in status.paused:
+        if "*" in status.paused and "*" not in folded:  # a job type "*" has its series already
             paused.add_metric(["*"], 1)
         dead.add_metric([], status.dead_jobs)
         totals = {label(job_type): 0 for job_type in status.types}  # from 0, not from the first

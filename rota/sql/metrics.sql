@@ -34,7 +34,9 @@ FROM rota.job
 WHERE status IN ('failed', 'dead', 'cancelled')
 GROUP BY status, type
 UNION ALL
-SELECT 'done', type, least(sum(count), 9223372036854775807)::bigint, 0, 0
+-- A sum of bigint shards may pass a bigint either way (rows written around
+-- the triggers): it reads as the nearest count a bigint holds, never below 0.
+SELECT 'done', type, greatest(least(sum(count), 9223372036854775807), 0)::bigint, 0, 0
 FROM rota.job_done_count
 GROUP BY type
 HAVING sum(count) <> 0
@@ -46,34 +48,41 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            date_trunc('hour', coalesce(%(now)s::timestamptz, now()), 'UTC') AS hour
 )
+-- An hour's count below 0 (a row written around Rota) counts as none, and a
+-- sum past a bigint reads as the largest.
 SELECT c.now,
-       coalesce(sum(e.count), 0)::bigint AS total,
-       coalesce(sum(e.count) FILTER (WHERE e.hour = c.hour), 0)::bigint AS current_hour,
-       coalesce(sum(e.count) FILTER (WHERE e.hour = c.hour - interval '1 hour'),
-                0)::bigint AS previous_hour,
-       coalesce(sum(e.count) FILTER (WHERE e.hour > c.now - interval '24 hours'
-                                       AND e.hour <= c.now), 0)::bigint AS last_24h
+       least(coalesce(sum(e.count), 0), 9223372036854775807)::bigint AS total,
+       least(coalesce(sum(e.count) FILTER (WHERE e.hour = c.hour), 0),
+             9223372036854775807)::bigint AS current_hour,
+       least(coalesce(sum(e.count) FILTER (WHERE e.hour = c.hour - interval '1 hour'), 0),
+             9223372036854775807)::bigint AS previous_hour,
+       least(coalesce(sum(e.count) FILTER (WHERE e.hour > c.now - interval '24 hours'
+                                             AND e.hour <= c.now), 0),
+             9223372036854775807)::bigint AS last_24h
 FROM clock AS c
-LEFT JOIN rota.lease_expiration AS e ON true
+LEFT JOIN (SELECT hour, greatest(count, 0) AS count
+           FROM rota.lease_expiration) AS e ON true
 GROUP BY c.now, c.hour
 
 -- name: metrics_lease_expirations_by_hour
 -- The hourly buckets of the last 24 hours that saw an expiration, oldest first.
-SELECT hour, count
+SELECT hour, greatest(count, 0) AS count
 FROM rota.lease_expiration
 WHERE hour > coalesce(%(now)s::timestamptz, now()) - interval '24 hours'
   AND hour <= coalesce(%(now)s::timestamptz, now())
 ORDER BY hour
 
 -- name: metrics_schedules
--- Slots every schedule missed (all schedulers down) or skipped (Forbid policy).
-SELECT name, job_type, suspend, missed_slots, skipped_slots, next_run_at
+-- Slots every schedule missed (all schedulers down) or skipped (Forbid policy);
+-- a count below 0 (a row written around Rota) reads as none.
+SELECT name, job_type, suspend, greatest(missed_slots, 0) AS missed_slots,
+       greatest(skipped_slots, 0) AS skipped_slots, next_run_at
 FROM rota.schedule
 ORDER BY name
 
 -- name: metrics_dead_totals
 -- Jobs that ever went dead, per type (migration 0010's trigger-kept counts).
-SELECT type, least(sum(count), 9223372036854775807)::bigint AS total
+SELECT type, greatest(least(sum(count), 9223372036854775807), 0)::bigint AS total
 FROM rota.job_dead_count
 GROUP BY type
 ORDER BY type
