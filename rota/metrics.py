@@ -240,7 +240,7 @@ class RunCounter:
                     tried = attempts.get(label)
                     if tried is None:
                         tried = attempts[label] = _Buckets(ATTEMPT_BUCKETS)
-                    tried.add(ATTEMPT_BUCKETS, tries)
+                    tried.add(ATTEMPT_BUCKETS, max(0, tries))  # a row may hold any int
 
     def labels(self) -> list[str]:
         """The ``type`` labels given so far (declared types first)."""

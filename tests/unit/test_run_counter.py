@@ -65,6 +65,21 @@ def test_a_batch_counts_as_prometheus_histograms_would_one_by_one() -> None:
     assert f'rota_jobs_finished_total{{outcome="done",type="t"}} {len(attempts)}.0' in text
 
 
+def test_a_histogram_never_goes_down_whatever_a_row_held() -> None:
+    # A row written by hand with attempts below 0 (claimed: still below 0)
+    # lowered rota_job_attempts_sum; a duration that is no number, its sum.
+    counter = RunCounter()
+    counter.record([("t", Outcome.DONE, 0.5, 3)])
+    counter.record([("t", Outcome.DONE, float("nan"), -(2**31)), ("t", Outcome.DONE, 0.5, -4)])
+    registry = CollectorRegistry()
+    registry.register(counter)
+    attempts = series(registry, "rota_job_attempts")
+    durations = series(registry, "rota_job_duration_seconds")
+    assert attempts[("rota_job_attempts_sum", ("type", "t"))] == 3
+    assert attempts[("rota_job_attempts_count", ("type", "t"))] == 3
+    assert durations[("rota_job_duration_seconds_sum", ("type", "t"))] == 1.0
+
+
 def test_a_batch_with_an_unknown_outcome_counts_nothing() -> None:
     counter = RunCounter()
     with pytest.raises(ValueError, match="unknown outcome"):
