@@ -137,14 +137,14 @@ class RotaBackend(BaseTaskBackend):
         if not _is_task(row):
             raise TaskResultDoesNotExist(result_id)
         try:
-            _task_at(row["payload"]["task"])
+            task = _task_at(row["payload"]["task"])
         except InvalidTask as exc:  # renamed or removed since: no Task to give it
             raise TaskResultDoesNotExist(f"{result_id}: {exc}") from None
-        return self._result(str(result_id), row)
+        return self._result(str(result_id), row, task)
 
-    def _result(self, result_id: str, row: dict[str, Any]) -> TaskResult:
+    def _result(self, result_id: str, row: dict[str, Any], task: Task) -> TaskResult:
+        """The result of `row`, a job of `task` (the Task its payload names)."""
         payload = row["payload"]
-        task = _task_at(payload["task"])
         queue_name = row["type"].removeprefix(TYPE_PREFIX)
         if queue_name != task.queue_name and (not self.queues or queue_name in self.queues):
             task = task.using(queue_name=queue_name)  # the queue it was enqueued on
@@ -300,7 +300,7 @@ def _running(task: Task, job: Job) -> TaskResult:
         "started_at": job.started_at,
         "finished_at": None,
     }
-    return task.get_backend()._result(str(job.id), row)
+    return task.get_backend()._result(str(job.id), row, task)
 
 
 def _as_written(exc: BaseException) -> BaseException:
