@@ -600,9 +600,27 @@ Page = Callable[[], tuple[int, bytes, str]]
 """What a path answers: (status code, body, content type)."""
 
 
-def serve_pages(host: str, port: int, pages: Mapping[str, Page], name: str) -> ThreadingHTTPServer:
+def cannot_listen(what: str, host: str, port: int, exc: OSError, option: str) -> RotaError:
+    """The runtime error of a server that could not take its address (`rota` exits 1)."""
+    reason = exc.strerror or str(exc)
+    return RotaError(
+        f"{what} could not listen on {host}:{port}: choose another {option} ({reason})"
+    )
+
+
+def serve_pages(
+    host: str,
+    port: int,
+    pages: Mapping[str, Page],
+    name: str,
+    *,
+    what: str = "the server",
+    option: str = "port",
+) -> ThreadingHTTPServer:
     """Serve `pages` (path -> its answer) from a thread of its own; other paths are 404.
-    The server's `server_address` says the port it got (`port` 0: any free one)."""
+    The server's `server_address` says the port it got (`port` 0: any free one). An
+    address it cannot take (the port in use, a host not this one's) is a `RotaError`
+    naming `what` serves and the `option` to change (`cannot_listen`)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -617,7 +635,10 @@ def serve_pages(host: str, port: int, pages: Mapping[str, Page], name: str) -> T
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise cannot_listen(what, host, port, exc, option) from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server

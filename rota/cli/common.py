@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from rota import limits
-from rota.errors import InvalidInput, RotaError
+from rota.errors import InvalidInput
 from rota.reading import shown
 
 T = TypeVar("T")
@@ -206,14 +206,6 @@ def address(text: str) -> str:
             f" not {text!r}"
         )
     return text
-
-
-def cannot_listen(what: str, host: str, port: int, exc: OSError, option: str) -> RotaError:
-    """The runtime error of a server that could not take its address (exit 1)."""
-    reason = exc.strerror or str(exc)
-    return RotaError(
-        f"{what} could not listen on {host}:{port}: choose another {option} ({reason})"
-    )
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

@@ -18,14 +18,7 @@ import threading
 from typing import Any
 
 from rota import limits
-from rota.cli.common import (
-    UsageError,
-    address,
-    cannot_listen,
-    database_url,
-    decimal,
-    whole_number,
-)
+from rota.cli.common import UsageError, address, database_url, decimal, whole_number
 from rota.cli.exits import one_line
 from rota.db import check_options
 from rota.metrics import MetricsSettings, metrics_page, queue_registry, serve_pages
@@ -66,10 +59,9 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         log.warning("waiting for the database (%s); serving meanwhile", one_line(failure))
     registry = queue_registry(dsn, cache_seconds=args.cache, settings=MetricsSettings.from_env())
     pages = {"/metrics": metrics_page(registry), "/healthz": lambda: (200, b"ok\n", "text/plain")}
-    try:
-        server = serve_pages(args.host, args.port, pages, "rota-exporter")
-    except OSError as exc:  # the port is taken, the address is not this host's
-        raise cannot_listen("the exporter", args.host, args.port, exc, "--port or --host") from None
+    server = serve_pages(
+        args.host, args.port, pages, "rota-exporter", what="the exporter", option="--port or --host"
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

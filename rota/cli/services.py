@@ -17,14 +17,7 @@ from typing import Any
 from rota import db, limits
 from rota.archive import Archiver, ArchiveResult, ArchiveSettings
 from rota.cli import timeouts
-from rota.cli.common import (
-    cannot_listen,
-    checked,
-    database_url,
-    decimal,
-    parse_duration,
-    whole_number,
-)
+from rota.cli.common import checked, database_url, decimal, parse_duration, whole_number
 from rota.cli.exits import one_line
 from rota.errors import DatabaseUnavailable, MigrationError
 from rota.metrics import Page, serve_pages
@@ -117,12 +110,14 @@ def _run(service: Service, args: argparse.Namespace) -> int:
     stop = threading.Event()
     if getattr(args, "health_port", None) is not None and not once:
         service = Watched(service)
-        try:
-            serve_pages("0.0.0.0", args.health_port, service.pages(), f"rota-{service.name}-health")
-        except OSError as exc:  # the port is taken
-            raise cannot_listen(
-                f"the {service.name}'s probes", "0.0.0.0", args.health_port, exc, "--health-port"
-            ) from None
+        serve_pages(
+            "0.0.0.0",
+            args.health_port,
+            service.pages(),
+            f"rota-{service.name}-health",
+            what=f"the {service.name}'s probes",
+            option="--health-port",
+        )
     if once:
         require_current(dsn)
     else:

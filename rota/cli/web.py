@@ -22,7 +22,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
-from rota.cli.common import UsageError, address, cannot_listen, database_url, whole_number
+from rota.cli.common import UsageError, address, database_url, whole_number
 from rota.cli.exits import one_line
 from rota.db import check_options
 from rota.errors import RotaError
@@ -178,6 +178,8 @@ def settings_from(args: argparse.Namespace) -> WebSettings:
 def _check_address(host: str, port: int) -> None:
     """Take the address once before uvicorn does, so that one that cannot be had (the
     port taken, a host not this one) is said in one line, and nothing started."""
+    from rota.metrics import cannot_listen  # as the other servers say it
+
     try:
         family, kind, proto, _, where = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import generate_latest
 
-from rota.errors import RotaError
 from rota.metrics import RUNS, MetricsSettings, serve_pages, worker_registry
 
 if TYPE_CHECKING:
@@ -93,12 +92,8 @@ def serve(
         return 200, metrics(), "text/plain; version=0.0.4; charset=utf-8"
 
     pages = {"/healthz": healthz, "/readyz": readyz, "/metrics": page}
-    try:
-        server = serve_pages(host, port, pages, "rota-probes")
-    except OSError as exc:  # the port is taken, or the host is not this machine's
-        raise RotaError(
-            f"the worker's probes could not listen on {host}:{port}: choose another"
-            f" metrics port ({exc.strerror or exc})"
-        ) from None
+    server = serve_pages(
+        host, port, pages, "rota-probes", what="the worker's probes", option="metrics port"
+    )
     log.info("serving /metrics, /healthz and /readyz on port %d", port)
     return server
