@@ -48,16 +48,23 @@ def database_url() -> str:
     return url
 
 
-def _check_utf8(url: str) -> None:
-    """A byte of the environment that is not UTF-8 reaches Python as a lone
-    surrogate, which libpq cannot be given (the URL is not repeated: it may hold
-    a password)."""
+def is_utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8: a byte of the command line or the environment
+    that is not reaches Python as a lone surrogate."""
     try:
-        url.encode()
+        text.encode()
     except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_utf8(url: str) -> None:
+    """libpq cannot be given a URL that is not UTF-8 (it is not repeated: it may
+    hold a password)."""
+    if not is_utf8(url):
         raise UsageError(
             "ROTA_DATABASE_URL is not valid UTF-8 (expected postgresql://USER@HOST:PORT/DATABASE)"
-        ) from None
+        )
 
 
 def _check_ports(ports: str) -> None:

@@ -22,7 +22,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
-from rota.cli.common import UsageError, address, database_url, whole_number
+from rota.cli.common import UsageError, address, database_url, is_utf8, whole_number
 from rota.cli.exits import one_line
 from rota.db import check_options
 from rota.errors import RotaError
@@ -113,25 +113,16 @@ def _header(text: str) -> str:
 
 def _name(text: str) -> str:
     """argparse type: a proxy user's or group's name, never blank (no user is named so)."""
-    if not text.strip() or not _utf8(text):
+    if not text.strip() or not is_utf8(text):
         raise argparse.ArgumentTypeError(f"must be a non-blank name in UTF-8, not {text!r}")
     return text
-
-
-def _utf8(text: str) -> bool:
-    """Whether `text` is valid UTF-8: a byte that is not reaches Python as a lone surrogate."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _variable(name: str) -> str:
     """An environment variable of the console ("" when unset), in UTF-8 (it is not
     repeated: it is a secret)."""
     value = os.environ.get(name, "")
-    if not _utf8(value):
+    if not is_utf8(value):
         raise UsageError(f"{name} is not valid UTF-8")
     return value
 
