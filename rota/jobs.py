@@ -31,6 +31,19 @@ class Status(enum.StrEnum):
     CANCELLED = "cancelled"
     """Cancelled by an operator: terminal, never retried, archived like failed."""
 
+    @classmethod
+    def stored(cls, text: str) -> Status:
+        """The status a row holds, for readers. A text that is none of these (an
+        archived row older than the archive's check, migration 0039) is kept as
+        stored: a member of no list, equal to its own text only, so the row is shown,
+        not refused."""
+        try:
+            return cls(text)
+        except ValueError:
+            unknown = str.__new__(cls, text)
+            unknown._name_ = unknown._value_ = text
+            return unknown
+
 
 TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.DEAD, Status.CANCELLED})
 """Statuses a job never leaves by itself."""
@@ -155,7 +168,7 @@ class Job:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         values = {f.name: row[f.name] for f in _COLUMNS if f.name in row}
-        values["status"] = Status(values["status"])
+        values["status"] = Status.stored(values["status"])
         return cls(**values)
 
 

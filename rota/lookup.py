@@ -78,5 +78,5 @@ def outcome(conn_or_dsn: ConnOrDsn, job_id: int) -> dict[str, Any]:
     row = rows[0]
     for name in ("payload", "result", "errors"):
         row[name] = None if row[name] is None else json_of(row[name])
-    row["status"] = Status(row["status"])
+    row["status"] = Status.stored(row["status"])
     return row
