@@ -336,15 +336,18 @@ def new_job(job: NewJob, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> str:
 
 def encode_payload(payload: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """The payload as compact JSON ({} for None), refused when too large, nested
-    deeper than MAX_JSON_DEPTH, or when it holds a NUL character or a lone
-    surrogate (jsonb stores neither)."""
-    return _encode_json({} if payload is None else payload, max_bytes, "payload")
+    deeper than MAX_JSON_DEPTH, when it holds a NUL character or a lone surrogate
+    (jsonb stores neither), or a key that is not text (JSON would make 1 into "1",
+    and keep one of {1: "a", "1": "b"})."""
+    return _encode_json({} if payload is None else payload, max_bytes, "payload", text_keys=True)
 
 
 def encode_result(value: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """A handler's return value as compact JSON, under the payloads' limits: refused
     (an error of the attempt that returned it) when it is not JSON, too large, too
-    deeply nested, or holds a NUL character or a lone surrogate."""
+    deeply nested, or holds a NUL character or a lone surrogate. Its keys are made
+    text, as JSON makes them: refused after the handler's work, the job would run
+    again."""
     return _encode_json(value, max_bytes, "the handler's return value")
 
 
@@ -361,7 +364,7 @@ _SMALL_INT = 2**53
 """Integers below this in size are their own JSON, a few bytes long."""
 
 
-def _encode_json(value: Any, max_bytes: int, what: str) -> str:
+def _encode_json(value: Any, max_bytes: int, what: str, text_keys: bool = False) -> str:
     if value is None or type(value) is bool:
         encoded = _SCALARS[value]
         if len(encoded) <= max_bytes:
@@ -370,7 +373,7 @@ def _encode_json(value: Any, max_bytes: int, what: str) -> str:
         encoded = str(value)
         if len(encoded) <= max_bytes:
             return encoded
-    _check_tree(value, max_bytes, what)
+    _check_tree(value, max_bytes, what, text_keys)
     try:
         # Characters as they are, not escaped: measured in UTF-8, as the database
         # measures the text it prints, so that Python never refuses a payload the
@@ -386,8 +389,9 @@ def _encode_json(value: Any, max_bytes: int, what: str) -> str:
     return encoded
 
 
-def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
-    """Walk the payload without recursion: its depth, and every string in it.
+def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False) -> None:
+    """Walk the payload without recursion: its depth, every string in it and, with
+    `text_keys`, that every key is text.
 
     Every value costs at least a byte of JSON, so a walk past `max_bytes` values
     (a structure that holds itself, say) is a payload over the limit.
@@ -415,6 +419,11 @@ def _check_tree(payload: Any, max_bytes: int, what: str) -> None:
         for key, item in items:
             if isinstance(key, str):
                 text(key, f"a key in {inside}")
+            elif text_keys and isinstance(value, dict):
+                raise InvalidInput(
+                    f"a key in {inside} must be text, not {type(key).__name__}"
+                    " (JSON keys are text: it would come back changed)"
+                )
             pending.append((item, depth + 1))
 
 

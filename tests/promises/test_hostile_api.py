@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import rota
-from rota import control, tracing
+from rota import control, schedule_store, tracing
 from rota.jobs import Job, NewJob, Status
 from rota.settings import QueueSettings
 
@@ -477,3 +477,36 @@ def test_a_handler_s_gather_refuses_what_is_no_list_of_ids(
     finally:
         ctx.close()
     assert refused.startswith("child ids must be a list"), refused
+
+
+KEYED: dict[str, Call] = {
+    "enqueue, a number": lambda c: rota.enqueue(c, "t", {1: "a"}),
+    "enqueue, deep inside": lambda c: rota.enqueue(c, "t", {"a": [{"b": {None: 1}}]}),
+    "enqueue, two keys of one text": lambda c: rota.enqueue(c, "t", {1: "a", "1": "b"}),
+    "enqueue_many": lambda c: rota.enqueue_many(c, [NewJob("ok"), NewJob("t", {True: 1})]),
+    "emit": lambda c: rota.emit(c, "e", {1.5: "x"}),
+    "schedule": lambda c: schedule_store.upsert(
+        c, schedule_store.ScheduleSpec("s", "t", "* * * * *", payload={2: "x"})
+    ),
+}
+
+
+@pytest.mark.parametrize("call", KEYED.values(), ids=list(KEYED))
+def test_a_payload_key_that_is_not_text_is_refused(
+    conn: psycopg.Connection[Any], call: Call
+) -> None:
+    # JSON keys are text: {1: "a"} was stored as {"1": "a"}, and {1: "a", "1": "b"}
+    # kept one of its two values.
+    reason = _refused(conn, call)
+    assert "key" in reason and "text" in reason, reason
+    assert conn.execute("SELECT count(*) AS n FROM rota.schedule WHERE name = 's'").fetchone() == {
+        "n": 0
+    }
+
+
+def test_what_a_handler_returns_keeps_json_s_text_keys() -> None:
+    # Refused after the handler ran, the job would run again: a result's keys
+    # are made text, as JSON makes them.
+    from rota import limits
+
+    assert limits.encode_result({1: "a"}) == '{"1":"a"}'
