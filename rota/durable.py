@@ -63,7 +63,7 @@ from rota.errors import (
     Suspended,
     TimedOut,
 )
-from rota.jobs import TERMINAL, Job, NewJob, Status
+from rota.jobs import NOT_ENDED, Job, NewJob, Status
 from rota.reading import make_tolerant
 from rota.settings import ConnectionSettings, QueueSettings
 
@@ -446,7 +446,7 @@ class Run:
                 sql.query("children_outcomes"), {"ids": wanted, "parent": self.job.id}
             )
             found = {row["id"]: row for row in rows}
-            if all(row["status"] in TERMINAL for row in found.values()):
+            if not any(row["status"] in NOT_ENDED for row in found.values()):
                 break
             # A child brought back (`rota dead retry`) after this gather ended:
             # the gather opens again and waits for it, as for the first time.

@@ -45,8 +45,9 @@ class Status(enum.StrEnum):
             return unknown
 
 
-TERMINAL = frozenset({Status.DONE, Status.FAILED, Status.DEAD, Status.CANCELLED})
-"""Statuses a job never leaves by itself."""
+NOT_ENDED = frozenset({Status.READY, Status.RUNNING, Status.WAITING})
+"""Statuses of a job that has not ended. Any other is an end, as the database
+counts a child's (`rota.children_ended`): a status no reader knows too."""
 
 
 class Outcome(enum.StrEnum):

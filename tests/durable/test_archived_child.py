@@ -12,6 +12,7 @@ import rota
 from rota import durable
 from rota.archive import Archiver, ArchiveSettings
 from rota.cli import main
+from tests.durable.helpers import handlers, running, until_status
 from tests.web.conftest import BEARER, make_client
 
 
@@ -39,3 +40,39 @@ def test_an_archived_child_names_its_parent(conn, db_url, monkeypatch, capsys) -
     with make_client(db_url) as client:
         page = client.get(f"/jobs/{child}", headers={**BEARER, "Accept": "text/html"}).text
     assert f'Spawned by <a href="/jobs/{parent}">job {parent}</a>' in page
+
+
+def gathers_a_late_child(job: Any, ctx: rota.Context) -> Any:
+    child = ctx.spawn("report.page", {"page": 1}, delay=3600)
+    try:
+        return ctx.gather([child])
+    except rota.ChildFailed as failed:
+        return {"child": failed.child_id, "status": failed.status}
+
+
+def test_a_child_archived_in_a_status_no_reader_knows_has_ended(conn, db_url) -> None:
+    # The database holds a child ended once it is out of rota.job; the gather
+    # took only the statuses it knows as ended, so it opened its wait again and
+    # again, for ever, without suspending.
+    found = handlers(gathers_a_late_child=gathers_a_late_child)
+    parent = rota.enqueue(conn, "gathers.a.late.child", {})
+    with running(db_url, found, concurrency=1):
+        until_status(conn, parent, "waiting")
+    conn.execute("ALTER TABLE rota.job_archive DROP CONSTRAINT job_archive_status_check")
+    conn.execute(
+        "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
+        " max_attempts, created_at, finished_at, archived_at, priority, releases, parent_id)"
+        " SELECT id, type, payload, 'sleeping', run_at, 1, max_attempts, created_at, now(),"
+        " now(), priority, 0, parent_id FROM rota.job WHERE parent_id = %s",
+        (parent,),
+    )
+    conn.execute("DELETE FROM rota.job WHERE parent_id = %s", (parent,))
+    conn.execute(
+        "ALTER TABLE rota.job_archive ADD CONSTRAINT job_archive_status_check"
+        " CHECK (status IN ('ready', 'running', 'waiting', 'done', 'failed', 'dead',"
+        " 'cancelled')) NOT VALID"
+    )
+    conn.execute("UPDATE rota.job SET status = 'ready', run_at = now() WHERE id = %s", (parent,))
+    with running(db_url, found, concurrency=1):
+        done = until_status(conn, parent, "done")
+    assert done["result"]["status"] == "sleeping"
