@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.tasks import task, task_backends
-from django.tasks.base import Task
+from django.tasks.base import Task, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 
 import rota
@@ -170,3 +170,31 @@ def test_the_worker_fails_a_task_whose_module_was_renamed_and_runs_on(
     assert "orders.gone.send" in error["error"] and "cannot be imported" in error["error"]
     wait_for(lambda: (after.refresh(), after.is_finished)[1], what="the next task")
     assert after.return_value == {"args": [1], "kwargs": {}}
+
+
+def test_a_result_of_any_status_the_table_can_hold_is_read(tasks: None, shop: str) -> None:
+    # A job waiting (a sleep, an event, children) and one archived in a status no
+    # reader knows (a row older than the archive's check) raised KeyError.
+    backend = task_backends["default"]
+    waiting, archived = echo.enqueue(1), echo.enqueue(2)
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("UPDATE rota.job SET status = 'waiting' WHERE id = %s", (int(waiting.id),))
+        conn.execute("ALTER TABLE rota.job_archive DROP CONSTRAINT job_archive_status_check")
+        try:
+            conn.execute(
+                "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
+                " max_attempts, created_at, finished_at, archived_at, priority, releases)"
+                " SELECT id, type, payload, 'sleeping', run_at, 1, max_attempts, created_at,"
+                " now(), now(), priority, 0 FROM rota.job WHERE id = %s",
+                (int(archived.id),),
+            )
+            conn.execute("DELETE FROM rota.job WHERE id = %s", (int(archived.id),))
+            assert backend.get_result(waiting.id).status == TaskResultStatus.READY
+            assert backend.get_result(archived.id).status == TaskResultStatus.FAILED
+        finally:
+            conn.execute("DELETE FROM rota.job_archive")
+            conn.execute(
+                "ALTER TABLE rota.job_archive ADD CONSTRAINT job_archive_status_check"
+                " CHECK (status IN ('ready', 'running', 'waiting', 'done', 'failed', 'dead',"
+                " 'cancelled'))"
+            )

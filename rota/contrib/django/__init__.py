@@ -63,12 +63,12 @@ TYPE_PREFIX = "django:"
 
 _STATUSES = {
     Status.READY: TaskResultStatus.READY,
+    Status.WAITING: TaskResultStatus.READY,  # no worker holds it; it runs again
     Status.RUNNING: TaskResultStatus.RUNNING,
     Status.DONE: TaskResultStatus.SUCCESSFUL,
-    Status.FAILED: TaskResultStatus.FAILED,
-    Status.DEAD: TaskResultStatus.FAILED,
-    Status.CANCELLED: TaskResultStatus.FAILED,
 }
+"""Django's status of a job's. Any other has ended without succeeding: failed, dead,
+cancelled, or a status no reader knows (an archived row older than its check)."""
 
 
 def job_type(queue_name: str) -> str:
@@ -153,7 +153,7 @@ class RotaBackend(BaseTaskBackend):
         result = TaskResult(
             task=task,
             id=result_id,
-            status=_STATUSES[row["status"]],
+            status=_STATUSES.get(row["status"], TaskResultStatus.FAILED),
             enqueued_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
