@@ -12,6 +12,7 @@ import rota
 from rota import durable
 from rota.archive import Archiver, ArchiveSettings
 from rota.cli import main
+from tests.archived_rows import archive_as_before_the_check
 from tests.durable.helpers import handlers, running, until_status
 from tests.web.conftest import BEARER, make_client
 
@@ -58,21 +59,11 @@ def test_a_child_archived_in_a_status_no_reader_knows_has_ended(conn, db_url) ->
     parent = rota.enqueue(conn, "gathers.a.late.child", {})
     with running(db_url, found, concurrency=1):
         until_status(conn, parent, "waiting")
-    conn.execute("ALTER TABLE rota.job_archive DROP CONSTRAINT job_archive_status_check")
-    conn.execute(
-        "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
-        " max_attempts, created_at, finished_at, archived_at, priority, releases, parent_id)"
-        " SELECT id, type, payload, 'sleeping', run_at, 1, max_attempts, created_at, now(),"
-        " now(), priority, 0, parent_id FROM rota.job WHERE parent_id = %s",
-        (parent,),
-    )
-    conn.execute("DELETE FROM rota.job WHERE parent_id = %s", (parent,))
-    conn.execute(
-        "ALTER TABLE rota.job_archive ADD CONSTRAINT job_archive_status_check"
-        " CHECK (status IN ('ready', 'running', 'waiting', 'done', 'failed', 'dead',"
-        " 'cancelled')) NOT VALID"
-    )
+    [child] = [
+        r["id"] for r in conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (parent,))
+    ]
+    archive_as_before_the_check(conn, "sleeping", [child])
     conn.execute("UPDATE rota.job SET status = 'ready', run_at = now() WHERE id = %s", (parent,))
     with running(db_url, found, concurrency=1):
         done = until_status(conn, parent, "done")
-    assert done["result"]["status"] == "sleeping"
+    assert done["result"] == {"child": child, "status": "sleeping"}

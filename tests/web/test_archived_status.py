@@ -13,6 +13,7 @@ import pytest
 import rota
 from rota import lookup
 from rota.cli import main
+from tests.archived_rows import archive_as_before_the_check
 from tests.web.conftest import BEARER, HTML
 
 OLD_STATUS = "sleeping"
@@ -20,22 +21,9 @@ OLD_STATUS = "sleeping"
 
 @pytest.fixture
 def archived(conn: psycopg.Connection[Any]) -> int:
-    """A job archived done, then given a status before the archive's check existed."""
-    conn.execute("ALTER TABLE rota.job_archive DROP CONSTRAINT job_archive_status_check")
+    """A job archived in a status no reader knows, as a row older than the check."""
     job_id = rota.enqueue(conn, "report", {"n": 1})
-    conn.execute(
-        "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
-        " max_attempts, created_at, finished_at, archived_at, priority, releases)"
-        " SELECT id, type, payload, %s, run_at, 1, max_attempts, created_at, now(), now(),"
-        " priority, 0 FROM rota.job WHERE id = %s",
-        (OLD_STATUS, job_id),
-    )
-    conn.execute("DELETE FROM rota.job WHERE id = %s", (job_id,))
-    conn.execute(
-        "ALTER TABLE rota.job_archive ADD CONSTRAINT job_archive_status_check"
-        " CHECK (status IN ('ready', 'running', 'waiting', 'done', 'failed', 'dead',"
-        " 'cancelled')) NOT VALID"
-    )
+    archive_as_before_the_check(conn, OLD_STATUS, [job_id])
     return job_id
 
 

@@ -67,8 +67,9 @@ _STATUSES = {
     Status.RUNNING: TaskResultStatus.RUNNING,
     Status.DONE: TaskResultStatus.SUCCESSFUL,
 }
-"""Django's status of a job's. Any other has ended without succeeding: failed, dead,
-cancelled, or a status no reader knows (an archived row older than its check)."""
+"""Django's status for each of a job's but the ends without success: failed, dead,
+cancelled and any status no reader knows (an archived row older than its check)
+are all FAILED."""
 
 
 def job_type(queue_name: str) -> str:
