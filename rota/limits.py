@@ -415,11 +415,13 @@ def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False
             # Each value queued is walked later: refused before a list of
             # millions is queued (memory a worker may not have).
             raise InvalidInput(f"{what} is over the limit of {max_bytes} bytes")
-        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
-        for key, item in items:
+        if not isinstance(value, dict):
+            pending.extend((item, depth + 1) for item in value)
+            continue
+        for key, item in value.items():
             if isinstance(key, str):
                 text(key, f"a key in {inside}")
-            elif text_keys and isinstance(value, dict):
+            elif text_keys:
                 raise InvalidInput(
                     f"a key in {inside} must be text, not {type(key).__name__}"
                     " (JSON keys are text: it would come back changed)"
