@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("ROTA_SCHEDULE_SYNC_SECONDS", "1")
 
 from kopf.testing import KopfRunner
-from kube_client import Api, EmulatorThread
+from kube_client import Api, EmulatorThread, wait_for
 
 # kopf's runner thread may still log a line while it winds down, after pytest
 # has closed the stream its handler wrote to; that line is of no interest, and
@@ -62,6 +62,14 @@ def run_operator(
         handlers, level = root.handlers[:], root.level
         try:
             with KopfRunner(args, timeout=60) as runner:
+                # kopf makes its log handler on sys.stderr as it is then. Made
+                # after a fixture returned, in the moment pytest stops capturing
+                # between a test's setup and its call, the handler would write
+                # to the terminal: wait for it while the capture holds.
+                wait_for(
+                    lambda: [h for h in root.handlers if h not in handlers],
+                    what="the operator's log handler",
+                )
                 yield runner
         finally:
             # kopf's CLI logs to the stream the runner captured and closes: forget that handler.
