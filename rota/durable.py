@@ -28,6 +28,7 @@ an attempt's outcome itself.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import inspect
 import json
@@ -233,7 +234,12 @@ class Run:
         self._stored: dict[str, Any] | None = None
         self._names: dict[str, set[str]] = {"step": set(), "spawn": set()}
         """The step and spawn names this run has used, each kind apart."""
-        self._counts = {"sleep": 0, "gather": 0, "spawn": 0}
+        self._counts: collections.Counter[str] = collections.Counter()
+        """Calls made so far, by kind (sleep, spawn, gather; event:<key>)."""
+        self._tally = threading.Lock()
+        """Held while a call is numbered or named: never held across a statement,
+        so that an async handler's event loop numbering a call never waits on
+        another call's round trip."""
         self._in_step = False
         self._lock = threading.RLock()
         """Held by each durable call while it uses the run's state and connection:
@@ -390,32 +396,79 @@ class Run:
                 with errors_wrapped():
                     conn.rollback()
 
-    # Waits
+    # Waits and children. Each call is checked and numbered when the handler
+    # makes it (`prepare`), then done: an async handler's calls are numbered on
+    # its event loop, in the order it made them, and done in threads that may
+    # get there in another order. A default name is the call's place in the
+    # run, so a later run finds the wait or child of the same call.
+
+    def prepare(self, method: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """The durable call `method` (sleep, wait_for, spawn, gather) checked and
+        named now; the function returned does it."""
+        preparers: dict[str, Callable[..., Callable[[], Any]]] = {
+            "sleep": self._sleeping,
+            "wait_for": self._waiting_for,
+            "spawn": self._spawning,
+            "gather": self._gathering,
+        }
+        return preparers[method](*args, **kwargs)
 
     def sleep(self, seconds: float) -> None:
         """Leave the worker for `seconds` (the job waits); return once they have passed."""
-        seconds = limits.delay_seconds(seconds, "sleep")
-        self._wait(f"sleep:{self._next('sleep')}", "sleep", seconds=seconds)
+        self._sleeping(seconds)()
 
     def wait_for(self, key: str, timeout: float | None = None) -> Any:
         """The payload of the first emit of `key`, waiting (job waiting) until it comes;
         `TimedOut` once `timeout` seconds have passed since the job first waited on it."""
-        limits.name(key, "event key")
-        if timeout is not None:
-            timeout = limits.delay_seconds(timeout, "wait timeout")
-        self._wait(f"event:{key}", "event", key=key, seconds=timeout)
-        rows = self._read(sql.query("event_payload"), {"key": key})
-        if rows[0]["emitted"]:
-            return rows[0]["payload"]
-        # Its time came first (or the event was emitted so long ago that the
-        # archive has deleted it since).
-        raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout is not None else None)
+        return self._waiting_for(key, timeout)()
 
     def spawn(
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
     ) -> int:
         """Enqueue a child once per this job and `name` (default: the n-th spawn of
         the run); its id, the same on every run."""
+        made: int = self._spawning(job_type, payload, name=name, **options)()
+        return made
+
+    def gather(self, ids: Sequence[int]) -> list[Any]:
+        """The results of children `ids`, in order, once every one has ended;
+        `ChildFailed` for the first that did not end done."""
+        gathered: list[Any] = self._gathering(ids)()
+        return gathered
+
+    def _sleeping(self, seconds: float) -> Callable[[], Any]:
+        seconds = limits.delay_seconds(seconds, "sleep")
+        name = f"sleep:{self._next('sleep')}"
+
+        def sleep() -> None:
+            self._wait(name, "sleep", seconds=seconds)
+
+        return sleep
+
+    def _waiting_for(self, key: str, timeout: float | None) -> Callable[[], Any]:
+        limits.name(key, "event key")
+        if timeout is not None:
+            timeout = limits.delay_seconds(timeout, "wait timeout")
+        # Each wait on a key is a wait of its own, with its own timeout: one that
+        # timed out stays ended, and a second wait on the key waits anew.
+        count = self._next(f"event:{key}")
+        name = f"event:{key}" if count == 1 else f"event#{count}:{key}"
+        return lambda: self._wait_for(name, key, timeout)
+
+    def _wait_for(self, name: str, key: str, timeout: float | None) -> Any:
+        ended = self._wait(name, "event", key=key, seconds=timeout)
+        if ended == "event":
+            rows = self._read(sql.query("event_payload"), {"key": key})
+            if rows[0]["emitted"]:
+                return rows[0]["payload"]
+        # Its time came first, on this run as on any later one (an emit since
+        # then wakes other waits); or the event was emitted so long ago that
+        # the archive has deleted it since.
+        raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout is not None else None)
+
+    def _spawning(
+        self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
+    ) -> Callable[[], int]:
         self.job.raise_if_cancelled()  # a stopped attempt makes no new child
         count = self._next("spawn")
         name = limits.name(str(count) if name is None else name, "spawn name")
@@ -423,6 +476,10 @@ class Run:
         # Twice in one run, a name would answer the second spawn with the first
         # one's child (of another type, maybe): a bug, as a step's name used twice.
         self._name(name, "spawn")
+        return lambda: self._spawn(name, params)
+
+    def _spawn(self, name: str, params: dict[str, Any]) -> int:
+        self.job.raise_if_cancelled()
         [made] = self._write(sql.query("spawn_child"), params)
         if not made["held"]:
             raise LeaseLost(f"job {self.job.id}: lease lost before it could spawn {name!r}")
@@ -433,13 +490,14 @@ class Run:
         rows = self._write(sql.query("child_of_name"), {"parent": self.job.id, "name": name})
         return int(rows[0]["id"])
 
-    def gather(self, ids: Sequence[int]) -> list[Any]:
-        """The results of children `ids`, in order, once every one has ended;
-        `ChildFailed` for the first that did not end done."""
+    def _gathering(self, ids: Sequence[int]) -> Callable[[], list[Any]]:
         wanted = limits.job_ids(ids, "child ids")
         if not wanted:
-            return []
+            return lambda: []
         name = f"gather:{self._next('gather')}"
+        return lambda: self._gather(name, wanted)
+
+    def _gather(self, name: str, wanted: list[int]) -> list[Any]:
         while True:
             self._wait(name, "children", children=wanted)
             rows = self._read(
@@ -514,13 +572,13 @@ class Run:
 
     def _name(self, name: str, what: str) -> None:
         limits.name(name, f"{what} name")
-        with self._lock:
+        with self._tally:
             if name in self._names[what]:
                 raise Permanent(f"{what} name {name!r} used twice in one run of job {self.job.id}")
             self._names[what].add(name)
 
     def _next(self, what: str) -> int:
-        with self._lock:
+        with self._tally:
             self._counts[what] += 1
             return self._counts[what]
 

@@ -31,7 +31,7 @@ from rota.db import (
     fetch_all,
 )
 from rota.errors import InvalidInput
-from rota.handlers import registered
+from rota.handlers import default_priority
 from rota.jobs import NewJob
 from rota.settings import QueueSettings
 
@@ -127,12 +127,9 @@ def _steps(
             held = yield sql.query("ids_for_keys"), _missing(subset, found)
             found = _filled(subset, found, held)
         ids.update(zip(plain, _known(found), strict=True))
-    handlers = registered()
     for i, job in enumerate(jobs):
         if i not in ids:
-            params = _one_params(
-                job, _checked(job, settings), _priority(job, handlers), settings, now
-            )
+            params = _one_params(job, _checked(job, settings), _priority(job), settings, now)
             params["trace_context"] = context
             ids[i] = yield from _unique_steps(job, params)
     return [ids[i] for i in range(len(jobs))]
@@ -272,8 +269,7 @@ def _statement(
 ) -> tuple[LiteralString, dict[str, Any]]:
     """The statement that enqueues `jobs` and its parameters, everything checked first."""
     payloads = [_checked(job, settings) for job in jobs]
-    handlers = registered()
-    priorities = [_priority(job, handlers) for job in jobs]
+    priorities = [_priority(job) for job in jobs]
     # Without a key no row can conflict: a plain INSERT, no ON CONFLICT.
     keyed = any(job.key is not None for job in jobs)
     if len(jobs) == 1:
@@ -357,11 +353,8 @@ def _one_params(
     }
 
 
-def _priority(job: NewJob, handlers: dict[str, Any]) -> int:
-    if job.priority is not None:
-        return job.priority
-    handler = handlers.get(job.type)
-    return handler.priority if handler is not None and handler.priority is not None else 0
+def _priority(job: NewJob) -> int:
+    return job.priority if job.priority is not None else default_priority(job.type)
 
 
 def _checked(job: NewJob, settings: QueueSettings) -> Jsonb:

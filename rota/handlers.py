@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -81,6 +80,8 @@ class Context:
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
     ) -> Any:
         """Enqueue a child once per this job and `name`; its id."""
+        if options.get("priority") is None:  # as rota.enqueue in this process
+            options["priority"] = default_priority(job_type)
         return self._call("spawn", job_type, payload, name=name, **options)
 
     def gather(self, ids: Sequence[int]) -> Any:
@@ -93,8 +94,19 @@ class Context:
         return self.run
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        bound = functools.partial(getattr(self._run(), method), *args, **kwargs)
-        return asyncio.to_thread(bound) if self.is_async else bound()
+        run = self._run()
+        if not self.is_async:
+            return getattr(run, method)(*args, **kwargs)
+        # Numbered now, in the order the handler calls; done in a thread when awaited.
+        try:
+            call = run.prepare(method, *args, **kwargs)
+        except Exception as exc:  # raised where the handler awaits the call
+            return _raising(exc)
+        return asyncio.to_thread(call)
+
+
+async def _raising(exc: Exception) -> Any:
+    raise exc
 
 
 def call(handler: Handler, job: Job, context: Context) -> Any:
@@ -183,6 +195,13 @@ def describe(found: Handler) -> str:
     func = found.func
     name = getattr(func, "__qualname__", None) or repr(func)
     return f"{getattr(func, '__module__', '?')}.{name}"
+
+
+def default_priority(job_type: object) -> int:
+    """The priority of a new job of `job_type` that names none: its handler's
+    (registered in this process), else 0."""
+    found = _registry.get(job_type) if isinstance(job_type, str) else None
+    return found.priority if found is not None and found.priority is not None else 0
 
 
 def registered() -> dict[str, Handler]:

@@ -202,3 +202,46 @@ def test_a_stopped_attempt_spawns_no_child(conn, db_url) -> None:
     assert found["last_error"].startswith("Timeout: the attempt ran longer"), found["last_error"]
     children = conn.execute("SELECT id FROM rota.job WHERE parent_id = %s", (job_id,))
     assert children.fetchall() == []
+
+
+async def spawns_awaited_backwards(job: Job, ctx: rota.Context) -> Any:
+    # The spawns are called in order and awaited the other way round: each
+    # default name is the spawn's place among the calls, whichever thread
+    # makes its child first.
+    made = [ctx.spawn("double", {"n": n}) for n in range(3)]
+    ids = [await spawn for spawn in reversed(made)][::-1]
+    return await ctx.gather(ids)
+
+
+def test_an_async_spawn_is_named_by_its_call_not_by_when_it_is_awaited(conn, db_url) -> None:
+    parent = rota.enqueue(conn, "spawns.awaited.backwards")
+    backwards = handlers(spawns_awaited_backwards=spawns_awaited_backwards, double=double)
+    with running(db_url, backwards, concurrency=2):
+        done = until_status(conn, parent, "done", "failed", "dead")
+    # Resumed after its gather, the run spawns again and must find each child
+    # it made by name: the child of payload n, not another's.
+    assert done["result"] == [0, 2, 4], done["last_error"]
+    children = conn.execute(
+        "SELECT c.name, j.payload FROM rota.job_child c JOIN rota.job j ON j.id = c.child_id"
+        " WHERE c.parent_id = %s ORDER BY c.name",
+        (parent,),
+    ).fetchall()
+    assert [(c["name"], c["payload"]["n"]) for c in children] == [("1", 0), ("2", 1), ("3", 2)]
+
+
+def spawns_a_prioritized_child(job: Job, ctx: rota.Context) -> Any:
+    return [ctx.spawn("prioritized"), ctx.spawn("prioritized", name="urgent", priority=1)]
+
+
+def test_a_child_takes_its_handlers_priority_unless_it_names_one(
+    conn, db_url, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As rota.enqueue does in a process that registered the child's handler.
+    monkeypatch.setattr("rota.handlers._registry", {})
+    rota.handler("prioritized", priority=5)(lambda job: None)
+    parent = rota.enqueue(conn, "spawns.a.prioritized.child")
+    spawner = handlers(spawns_a_prioritized_child=spawns_a_prioritized_child)
+    with running(db_url, spawner, concurrency=1):
+        done = until_status(conn, parent, "done", "failed", "dead")
+    assert done["status"] == "done", done["last_error"]
+    assert [row(conn, child)["priority"] for child in done["result"]] == [5, 1]

@@ -171,3 +171,35 @@ def test_a_stopped_attempt_does_not_wait(conn, db_url) -> None:
     assert found["last_error"].startswith("Timeout: the attempt ran longer"), found["last_error"]
     waits = conn.execute("SELECT name FROM rota.job_wait WHERE job_id = %s", (job_id,))
     assert waits.fetchall() == []
+
+
+def waits_again(job: Job, ctx: rota.Context) -> Any:
+    try:
+        return {"first": ctx.wait_for("parcel", timeout=30)}
+    except rota.TimedOut:
+        pass
+    try:
+        return {"second": ctx.wait_for("parcel", timeout=3600)}
+    except rota.TimedOut as timed_out:
+        return str(timed_out)
+
+
+def test_a_second_wait_on_a_key_waits_anew_after_the_first_timed_out(conn, db_url) -> None:
+    job_id = rota.enqueue(conn, "waits.again")
+    with running(db_url, handlers(waits_again=waits_again), concurrency=1):
+        until_status(conn, job_id, "waiting")
+        assert wake_due(db_url, now=later(conn, 31)) == [job_id]
+        # The first wait timed out; the second one waits, with its own timeout.
+        found = until_status(conn, job_id, "waiting", "done")
+        assert found["status"] == "waiting", found["result"]
+        assert wake_due(db_url, now=later(conn, 3000)) == []
+        assert rota.emit(conn, "parcel", {"n": 1}) == 1
+        assert until_status(conn, job_id, "done")["result"] == {"second": {"n": 1}}
+    waits = conn.execute(
+        "SELECT name, ended_by FROM rota.job_wait WHERE job_id = %s ORDER BY started_at, name",
+        (job_id,),
+    ).fetchall()
+    assert [(w["name"], w["ended_by"]) for w in waits] == [
+        ("event:parcel", "time"),
+        ("event#2:parcel", "event"),
+    ]
