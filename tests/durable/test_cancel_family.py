@@ -27,3 +27,39 @@ def test_cancelling_parents_by_type_cancels_their_children_too(conn) -> None:
     assert result.ended == sorted([waiting, child, grandchild, of_running])
     assert result.requested == [running_parent]
     assert row(conn, of_other)["status"] == "ready"
+
+
+def _waiting(conn, job_type: str, name: str, **wait: object) -> int:
+    """A job waiting on one wait, as rota.suspend leaves it."""
+    job_id = rota.enqueue(conn, job_type)
+    conn.execute("UPDATE rota.job SET status = 'waiting' WHERE id = %s", (job_id,))
+    conn.execute(
+        "INSERT INTO rota.job_wait (job_id, name, kind, event_key, children, started_at)"
+        " VALUES (%s, %s, %s, %s, %s, now())",
+        (job_id, name, wait["kind"], wait.get("key"), wait.get("children")),
+    )
+    return job_id
+
+
+def _ended(conn, job_id: int) -> list[tuple[str, str | None]]:
+    rows = conn.execute(
+        "SELECT name, ended_by FROM rota.job_wait WHERE job_id = %s", (job_id,)
+    ).fetchall()
+    return [(r["name"], r["ended_by"]) for r in rows]
+
+
+def test_an_emit_after_a_cancel_leaves_the_cancelled_jobs_wait_as_it_was(conn) -> None:
+    job_id = _waiting(conn, "p", "event:late", kind="event", key="late")
+    assert control.cancel(conn, [job_id]).ended == [job_id]
+    assert rota.emit(conn, "late", {"n": 1}) == 0
+    # `rota jobs show` reads it "not ended: job cancelled", not ended by the event.
+    assert _ended(conn, job_id) == [("event:late", None)]
+
+
+def test_children_cancelled_with_their_parent_leave_its_gather_as_it_was(conn) -> None:
+    child = rota.enqueue(conn, "c")
+    parent = _waiting(conn, "p", "gather:1", kind="children", children=[child])
+    conn.execute("UPDATE rota.job SET parent_id = %s WHERE id = %s", (parent, child))
+    assert control.cancel(conn, [parent]).ended == sorted([parent, child])
+    assert row(conn, child)["status"] == "cancelled"
+    assert _ended(conn, parent) == [("gather:1", None)]
