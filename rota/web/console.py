@@ -237,13 +237,14 @@ def form_field(form: Mapping[str, Any], name: str) -> str | None:
 
 
 def name_field(form: Mapping[str, Any], field: str = "type", what: str = "job type") -> str | None:
-    """A form field naming a job type or a schedule (None when empty), by the rule
+    """A form field naming a job type or a schedule (None when blank), by the rule
     every door applies to a name (`limits.name`), not the shorter cap of a
-    filter's search text."""
+    filter's search text. Taken as it is: a name may start or end with a
+    space, and one without them names another type or schedule."""
     value = form.get(field)
     if not isinstance(value, str) or not value.strip():
         return None
-    return limits.name(value.strip(), what)
+    return limits.name(value, what)
 
 
 def next_of(form: Mapping[str, Any]) -> str:

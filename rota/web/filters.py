@@ -137,11 +137,12 @@ def _text(params: Mapping[str, str], name: str) -> str | None:
 
 
 def _name(params: Mapping[str, str], field: str, what: str) -> str | None:
-    """A filter naming a job type or key: whatever name a job can hold."""
+    """A filter naming a job type or key: whatever name a job can hold, as it is
+    (white space and all, as the console's own links give it)."""
     value = params.get(field)
     if not isinstance(value, str) or not value.strip():
         return None
-    return limits.name(value.strip(), what)
+    return limits.name(value, what)
 
 
 def parse_status(text: str | None) -> Status | None:

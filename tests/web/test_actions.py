@@ -203,3 +203,49 @@ def test_a_bad_limit_is_refused_and_nothing_is_written(client, conn, fields):
     assert response.status_code == 400
     assert conn.execute("SELECT count(*) AS n FROM rota.job_limit").fetchone()["n"] == 0
     assert audit_rows(conn) == []
+
+
+def test_actions_and_filters_take_a_name_as_it_is_white_space_and_all(client, conn):
+    # Job types and schedule names may start or end with a space (every door
+    # takes a name as given): the console acts on the name it showed, not on
+    # another with the spaces taken off.
+    spaced = add_job(conn, " email", "dead", last_error="ValueError: boom")
+    plain = add_job(conn, "email", "dead", last_error="ValueError: boom")
+    response = client.post(
+        "/dead/retry", data={"type": " email", "error_class": "ValueError"}, headers=JSON
+    )
+    assert response.json()["rows"] == 1
+    assert (status_of(conn, spaced), status_of(conn, plain)) == ("ready", "dead")
+
+    client.post("/types/pause", data={"type": " email"}, headers=JSON)
+    assert [r["type"] for r in conn.execute("SELECT type FROM rota.paused_type")] == [" email"]
+
+    page = client.get("/jobs", params={"type": " email", "status": "ready"}, headers=BEARER).text
+    assert f"/jobs/{spaced}" in page and f"/jobs/{plain}" not in page
+
+    for name in ("s1", " s1"):
+        schedule_store.upsert(conn, schedule_store.ScheduleSpec(name, "report", "* * * * *"))
+    client.post("/schedules/suspend", data={"name": " s1"}, headers=JSON)
+    assert schedule_store.get(conn, " s1")["suspend"] is True
+    assert schedule_store.get(conn, "s1")["suspend"] is False
+
+
+def test_a_dead_letter_group_of_any_error_class_can_be_retried(client, conn):
+    # The group's class is what the table's last_error starts with, however long.
+    long_class = "E" * 600
+    job_id = add_job(conn, "email", "dead", last_error=f"{long_class}: boom")
+    assert f'value="{long_class}"' in client.get("/dead", headers=BEARER).text
+    response = client.post(
+        "/dead/retry", data={"type": "email", "error_class": long_class}, headers=JSON
+    )
+    assert response.json()["rows"] == 1
+    assert status_of(conn, job_id) == "ready"
+
+
+def test_a_schedule_whose_name_holds_a_newline_can_be_run_now(client, conn):
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("nightly\nreport", "report", "0 3 * * *"))
+    assert 'action="/schedules/nightly%0Areport/run"' in client.get("/schedules", headers=BEARER).text
+    response = client.post("/schedules/nightly%0Areport/run", headers=JSON)
+    assert response.status_code == 200, response.text
+    [job] = conn.execute("SELECT type FROM rota.job").fetchall()
+    assert job["type"] == "report"

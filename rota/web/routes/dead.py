@@ -8,8 +8,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rota import limits
 from rota.web import actions, reads
-from rota.web.console import Console, check_params, form_field, name_field
+from rota.web.console import Console, check_params, name_field
 from rota.web.routes.acting import threaded
 
 
@@ -24,7 +25,8 @@ def dead(c: Console, request: Request) -> Response:
 async def dead_retry(c: Console, request: Request) -> Response:
     who, form = await c.actor(request, ["type", "error_class"])
     job_type = name_field(form) or ""
-    error_class = form_field(form, "error_class") or ""
+    # As the group showed it: the start of a last_error, which no cap bounds.
+    error_class = limits.text(form.get("error_class") or "", "error_class")
     done = await threaded(c, actions.retry_dead_group, who, job_type, error_class)
     return c.acted(request, form, done)
 

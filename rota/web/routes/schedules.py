@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -14,6 +15,22 @@ from rota.errors import InvalidInput
 from rota.web import actions, reads
 from rota.web.console import Console, check_params, name_field
 from rota.web.routes.acting import threaded
+
+
+class AnyName(Convertor[str]):
+    """A schedule's name in a path: any characters, `/` and line breaks among
+    them (`path` stops at a line break, and every door takes a name with one)."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("any_name", AnyName())
 
 
 def schedules(c: Console, request: Request) -> Response:
@@ -48,5 +65,5 @@ def routes(c: Console) -> list[Route]:
         Route("/schedules", partial(schedules, c)),
         Route("/schedules/suspend", schedule_action(c, True), methods=post),
         Route("/schedules/resume", schedule_action(c, False), methods=post),
-        Route("/schedules/{name:path}/run", partial(schedule_run, c), methods=post),
+        Route("/schedules/{name:any_name}/run", partial(schedule_run, c), methods=post),
     ]
