@@ -243,8 +243,12 @@ def test_a_dead_letter_group_of_any_error_class_can_be_retried(client, conn):
 
 
 def test_a_schedule_whose_name_holds_a_newline_can_be_run_now(client, conn):
-    schedule_store.upsert(conn, schedule_store.ScheduleSpec("nightly\nreport", "report", "0 3 * * *"))
-    assert 'action="/schedules/nightly%0Areport/run"' in client.get("/schedules", headers=BEARER).text
+    schedule_store.upsert(
+        conn, schedule_store.ScheduleSpec("nightly\nreport", "report", "0 3 * * *")
+    )
+    assert (
+        'action="/schedules/nightly%0Areport/run"' in client.get("/schedules", headers=BEARER).text
+    )
     response = client.post("/schedules/nightly%0Areport/run", headers=JSON)
     assert response.status_code == 200, response.text
     [job] = conn.execute("SELECT type FROM rota.job").fetchall()
