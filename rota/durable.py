@@ -117,22 +117,36 @@ class Trail:
     """name, id, status, type (status and type None once the child is gone)."""
     parent_id: int | None = None
     """The job that spawned this one, if one did."""
+    left_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Of a trail cut short (`trail`'s `shown`): how many steps and waits before
+    the ones listed, and children after them, are not listed."""
 
     def __bool__(self) -> bool:
         return bool(self.steps or self.waits or self.children or self.parent_id)
 
 
-def trail(conn_or_dsn: ConnOrDsn, job_id: int) -> Trail:
-    """The steps, waits and children of a job (empty lists for a job that has none)."""
-    params = {"job": job_id}
+def trail(conn_or_dsn: ConnOrDsn, job_id: int, shown: int | None = None) -> Trail:
+    """The steps, waits and children of a job (empty lists for a job that has none):
+    every one, or at most `shown` of each (the last steps and waits, the first
+    children)."""
+    params = {"job": job_id, "limit": shown}
     with connection(conn_or_dsn) as conn:
         parent = fetch_all(conn, sql.query("job_parent"), params)
-        return Trail(
-            steps=fetch_all(conn, sql.query("job_steps"), params),
-            waits=fetch_all(conn, sql.query("job_waits"), params),
-            children=fetch_all(conn, sql.query("job_children"), params),
-            parent_id=parent[0]["parent_id"] if parent else None,
-        )
+        listed = {
+            part: fetch_all(conn, sql.query(f"job_{part}"), params)
+            for part in ("steps", "waits", "children")
+        }
+    left_out = {}
+    for part, rows in listed.items():
+        total = rows[0]["total"] if rows else 0
+        for row in rows:
+            del row["total"]
+        left_out[part] = total - len(rows)
+    return Trail(
+        **listed,
+        parent_id=parent[0]["parent_id"] if parent else None,
+        left_out=left_out if shown is not None else {},
+    )
 
 
 class RunConnections:

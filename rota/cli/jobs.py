@@ -109,7 +109,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         columns["archived_at"] = row["archived_at"]
     done = durable.trail(database_url(), args.id)
     if args.json:
-        print_json(columns | dataclasses.asdict(done))
+        print_json(columns | {k: v for k, v in dataclasses.asdict(done).items() if k != "left_out"})
     else:
         print(_described(columns, stored) + _trail(done, columns["status"]), end="")
     return 0

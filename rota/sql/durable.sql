@@ -153,27 +153,41 @@ notified AS (
 SELECT id, type FROM woken LEFT JOIN notified ON true
 
 -- name: job_steps
--- A job's steps for `rota jobs show` and the console, in the order they ended.
-SELECT name, attempt, started_at, finished_at,
-       octet_length(result::text) AS result_bytes, left(result::text, 200) AS result
-FROM rota.job_step WHERE job_id = %(job)s
+-- A job's steps for `rota jobs show` and the console, in the order they ended:
+-- the last %(limit)s of them (all for NULL), each with how many there are.
+SELECT * FROM (
+    SELECT name, attempt, started_at, finished_at,
+           octet_length(result::text) AS result_bytes, left(result::text, 200) AS result,
+           count(*) OVER () AS total
+    FROM rota.job_step WHERE job_id = %(job)s
+    ORDER BY finished_at DESC, name DESC
+    LIMIT %(limit)s
+) AS last
 ORDER BY finished_at, name
 
 -- name: job_waits
-SELECT name, kind, event_key, cardinality(children) AS children, until, started_at,
-       ended_at, ended_by
-FROM rota.job_wait WHERE job_id = %(job)s
+-- The last %(limit)s waits, as the steps.
+SELECT * FROM (
+    SELECT name, kind, event_key, cardinality(children) AS children, until, started_at,
+           ended_at, ended_by, count(*) OVER () AS total
+    FROM rota.job_wait WHERE job_id = %(job)s
+    ORDER BY started_at DESC, name DESC
+    LIMIT %(limit)s
+) AS last
 ORDER BY started_at, name
 
 -- name: job_children
--- A parent's children with their status (archived ones from the archive).
+-- A parent's first %(limit)s children with their status (archived ones from
+-- the archive), each with how many there are.
 SELECT c.name, c.child_id AS id,
-       coalesce(j.status, a.status) AS status, coalesce(j.type, a.type) AS type
+       coalesce(j.status, a.status) AS status, coalesce(j.type, a.type) AS type,
+       count(*) OVER () AS total
 FROM rota.job_child AS c
 LEFT JOIN rota.job AS j ON j.id = c.child_id
 LEFT JOIN rota.job_archive AS a ON j.id IS NULL AND a.id = c.child_id
 WHERE c.parent_id = %(job)s
 ORDER BY c.child_id
+LIMIT %(limit)s
 
 -- name: job_parent
 -- The job that spawned this one, archived or not.

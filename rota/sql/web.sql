@@ -107,10 +107,12 @@ FROM (
 ) AS matching
 
 -- name: web_job_effects
-SELECT effect, result, created_at
+-- The first %(limit)s effect markers of a job's key, each with how many there are.
+SELECT effect, result, created_at, count(*) OVER () AS total
 FROM rota.job_effect
 WHERE job_key = %(key)s
 ORDER BY created_at, effect
+LIMIT %(limit)s
 
 -- name: web_archived_job
 SELECT * FROM rota.job_archive WHERE id = %(id)s

@@ -69,6 +69,8 @@ class JobDetail:
     """The database keeps results (migration 0009): `result` is the job's value."""
     trail: durable.Trail | None = None
     """A durable job's steps, waits, children and parent (see `job_trail`)."""
+    effects_left_out: int = 0
+    """Effect markers of the job's key past the SHOWN_ROWS listed."""
 
 
 def job_detail(conn: Conn, job_id: int) -> JobDetail:
@@ -81,7 +83,10 @@ def job_detail(conn: Conn, job_id: int) -> JobDetail:
         raise JobNotFound(f"no job with id {job_id}")
     row = rows[0]
     job = Job.from_row(row)
-    effects = fetch_all(conn, sql.query("web_job_effects"), {"key": job.effect_key})
+    effects = fetch_all(
+        conn, sql.query("web_job_effects"), {"key": job.effect_key, "limit": SHOWN_ROWS}
+    )
+    effects_left_out = (effects[0]["total"] - len(effects)) if effects else 0
     schedule = None
     if job.schedule_id is not None:
         found = fetch_all(conn, sql.query("web_schedule_by_id"), {"id": job.schedule_id})
@@ -89,17 +94,26 @@ def job_detail(conn: Conn, job_id: int) -> JobDetail:
     entries = row.get("errors")
     if entries is not None and not isinstance(entries, list):  # written around the checks
         entries = [_json_text(entries)]
-    errors = [_attempt_error(e) for e in entries or []]
+    # The last ERRORS_KEPT, as the worker keeps them (more only written by hand).
+    errors = [_attempt_error(e) for e in (entries or [])[-ERRORS_KEPT:]]
     return JobDetail(
         job, archived, effects, schedule, errors if "errors" in row else None,
         row.get("result"), "result" in row,
-        job_trail(conn, job_id) if "parent_id" in row else None,
+        job_trail(conn, job_id) if "parent_id" in row else None, effects_left_out,
     )  # fmt: skip
 
 
+SHOWN_ROWS = 200
+"""The most steps, waits, children or effect markers a job's page lists of each."""
+
+ERRORS_KEPT = 20
+"""The attempts' errors a job keeps (migration 0009), the most its page lists."""
+
+
 def job_trail(conn: Conn, job_id: int) -> durable.Trail:
-    """The step timeline of a durable job (templates/_job_trail.html shows it)."""
-    return durable.trail(conn, job_id)
+    """The step timeline of a durable job (templates/_job_trail.html shows it): at
+    most SHOWN_ROWS of its steps, waits and children each."""
+    return durable.trail(conn, job_id, SHOWN_ROWS)
 
 
 def _attempt_error(entry: Any) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def test_no_console_query_reads_the_job_table_sequentially(million):
     singles: list[tuple[str, dict[str, Any]]] = [
         ("get_job", {"id": 12345}),
         ("web_archived_job", {"id": 12345}),
-        ("web_job_effects", {"key": "rota-job:12345"}),
+        ("web_job_effects", {"key": "rota-job:12345", "limit": 200}),
         ("web_schedule_by_id", {"id": 1}),
         ("web_dead_groups", {"limit": 200}),
         ("web_dead_group_ids", {"type": "type1", "error_class": "KeyError", "cap": 100_000}),
