@@ -188,6 +188,48 @@ def check_options(dsn: str) -> DatabaseUnavailable | DatabaseError | None:
     return None
 
 
+_READ_AS_PSYCOPG_READS = {
+    "DateStyle": ("ISO", "ISO"),
+    "IntervalStyle": ("postgres", "postgres"),
+    "client_encoding": ("UTF8", "UTF8"),
+}
+"""Per reported session setting: the value (its start) psycopg reads rows in, and
+what to set where the session has another."""
+
+
+def _unsettled(info: psycopg.ConnectionInfo) -> list[str]:
+    return [
+        f"SET {name} = {value}"
+        for name, (start, value) in _READ_AS_PSYCOPG_READS.items()
+        if not (info.parameter_status(name) or start).startswith(start)
+    ]
+
+
+def settle(conn: Conn) -> None:
+    """Make one of Rota's own connections read rows as psycopg reads them: times
+    in ISO (a `DateStyle` of German or SQL cannot be read), intervals in
+    PostgreSQL's style, text in UTF-8 (SQL_ASCII gives bytes, LATIN1 cannot
+    carry every name). A role's, a database's or PGOPTIONS' settings reach every
+    session; the server reports them at connect, so a session that already
+    reads right costs nothing."""
+    fixes = _unsettled(conn.info)
+    with errors_wrapped():
+        for fix in fixes:
+            conn.execute(fix)
+        if fixes and not conn.autocommit:
+            conn.commit()
+
+
+async def asettle(conn: AConn) -> None:
+    """`settle` for an async connection."""
+    fixes = _unsettled(conn.info)
+    with errors_wrapped():
+        for fix in fixes:
+            await conn.execute(fix)
+        if fixes and not conn.autocommit:
+            await conn.commit()
+
+
 def connect(
     dsn: str,
     *,
@@ -207,6 +249,7 @@ def connect(
             **kwargs,
         )
     make_tolerant(conn.adapters)
+    settle(conn)
     return conn
 
 
@@ -252,6 +295,7 @@ async def aconnection(aconn_or_dsn: AConnOrDsn) -> AsyncIterator[AConn]:
             aconn_or_dsn, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
         )
         make_tolerant(conn.adapters)
+        await asettle(conn)
     try:
         with errors_wrapped():
             yield conn

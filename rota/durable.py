@@ -53,6 +53,7 @@ from rota.db import (
     connection,
     errors_wrapped,
     fetch_all,
+    settle,
 )
 from rota.errors import (
     Cancelled,
@@ -149,6 +150,11 @@ def trail(conn_or_dsn: ConnOrDsn, job_id: int, shown: int | None = None) -> Trai
     )
 
 
+def _configured(conn: Conn) -> None:
+    make_tolerant(conn.adapters)
+    settle(conn)
+
+
 class RunConnections:
     """The connections a worker's runs borrow, one per run at a time, kept
     between runs (at most `size` of them, each closed after ten idle minutes;
@@ -188,7 +194,7 @@ class RunConnections:
                         "application_name": APPLICATION_NAME,
                         **self._options,
                     },
-                    configure=lambda conn: make_tolerant(conn.adapters),
+                    configure=_configured,
                     name="rota-runs",
                     open=True,
                 )

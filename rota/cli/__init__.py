@@ -114,6 +114,8 @@ def _quiet_stdout() -> None:
 
 def run() -> None:
     code = main()
+    if sys.stdout is None:  # started with stdout closed (`>&-`): print wrote nothing
+        sys.exit(code)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -7,6 +7,7 @@ from typing import Any
 
 from rota import flow
 from rota.cli.common import UsageError, database_url, decimal, positive_int, print_json, table
+from rota.reading import shown
 
 
 def register(sub: Any) -> None:
@@ -50,13 +51,13 @@ def cmd_set(args: argparse.Namespace) -> int:
         per=args.per,
     )
     [limit] = [lim for lim in flow.list_limits(database_url()) if lim.type == args.type]
-    print(f"{args.type}: {limit.describe()}")
+    print(shown(f"{args.type}: {limit.describe()}"))
     return 0
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
     cleared = flow.clear_limit(database_url(), args.type)
-    print(f"{args.type}: " + ("limits cleared" if cleared else "had no limits"))
+    print(shown(f"{args.type}: " + ("limits cleared" if cleared else "had no limits")))
     return 0
 
 

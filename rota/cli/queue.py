@@ -20,6 +20,7 @@ from rota.cli.common import (
 from rota.cli.timeouts import option_or_env
 from rota.enqueue import enqueue
 from rota.migrate import KEY_INDEXES, describe_key_index, migrate, use_key_index
+from rota.reading import shown
 from rota.settings import QueueSettings
 
 
@@ -159,14 +160,14 @@ def _types(args: argparse.Namespace) -> list[str] | None:
 def cmd_pause(args: argparse.Namespace) -> int:
     types = _types(args)
     control.pause(database_url(), types)
-    print(f"paused: {', '.join(types) if types else 'every type'}")
+    print(shown(f"paused: {', '.join(types) if types else 'every type'}"))
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     types = _types(args)
     control.resume(database_url(), types)
-    print(f"resumed: {', '.join(types) if types else 'every type'}")
+    print(shown(f"resumed: {', '.join(types) if types else 'every type'}"))
     if types and control.ALL_TYPES in control.paused(database_url()):
         print("note: every type is still paused (rota resume --all lifts that)")
     return 0

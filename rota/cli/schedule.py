@@ -26,6 +26,7 @@ from rota.cli.common import (
     unique_flags,
     whole_number,
 )
+from rota.reading import shown
 from rota.schedule_store import ScheduleSpec
 
 _MAX_PREVIEW = 10_000
@@ -111,7 +112,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     archive.check_schedule(spec.job_type, spec.payload)
     row = schedule_store.upsert(database_url(), spec)
     local, utc = _instants(row["next_run_at"], row["timezone"])
-    print(f"{row['name']}: next run {local} ({utc})")
+    print(shown(f"{row['name']}: next run {local} ({utc})"))
     return 0
 
 
@@ -158,7 +159,7 @@ def _instants(value: datetime, timezone: str) -> tuple[str, str]:
 def cmd_remove(args: argparse.Namespace) -> int:
     if not schedule_store.remove(database_url(), args.name):
         raise UsageError(f"no schedule named {args.name!r}")
-    print(f"{args.name}: removed")
+    print(shown(f"{args.name}: removed"))
     return 0
 
 
@@ -176,7 +177,7 @@ def _set_suspended(name: str, suspend: bool) -> int:
         raise UsageError(f"no schedule named {name!r}")
     local, utc = _instants(row["next_run_at"], row["timezone"])
     state = "suspended" if suspend else f"resumed, next run {local} ({utc})"
-    print(f"{name}: {state}")
+    print(shown(f"{name}: {state}"))
     return 0
 
 

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from rota import limits, sql, workers
-from rota.db import Conn, fetch_all
+from rota.db import Conn, fetch_all, settle
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.reading import RawInstant
@@ -88,6 +88,7 @@ class Console:
                 "application_name": "rota-web",
                 "options": f"-c statement_timeout={settings.statement_timeout_ms}",
             },
+            configure=settle,
         )
         loader = jinja2.FileSystemLoader(str(resources.files("rota.web") / "templates"))
         self.templates = jinja2.Environment(loader=loader, autoescape=True)

@@ -252,6 +252,31 @@ def test_a_closed_pipe_ends_quietly(walk_db: str, pg_server: Any, template_db: s
 
 
 @pytest.mark.parametrize(
+    ("stdout", "code", "said"),
+    [
+        # Closed (`rota jobs list >&-`): Python has no sys.stdout, print writes nothing.
+        ("closed", 0, ""),
+        # Full: the output cannot be written; said in one line.
+        ("/dev/full", 1, "No space left on device"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_said_in_one_line(
+    walk_db: str, stdout: str, code: int, said: str
+) -> None:
+    redirect = ">&-" if stdout == "closed" else f"> {stdout}"
+    done = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m rota jobs list {redirect}'],
+        env=dict(os.environ, ROTA_DATABASE_URL=walk_db),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr and len(done.stderr.splitlines()) == len(said and [said])
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "option"),
     [
         (["enqueue", "t", "--priority", "10"], "--priority"),

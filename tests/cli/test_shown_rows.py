@@ -80,6 +80,26 @@ def test_text_output_escapes_control_characters(capsys, monkeypatch, db_url, hos
     assert "\nm\n" not in out and not any(line.startswith("\x01") for line in out.splitlines())
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["schedule", "add", HOSTILE, "--type", "t", "--cron", "@daily"],
+        ["schedule", "suspend", HOSTILE],
+        ["schedule", "resume", HOSTILE],
+        ["schedule", "remove", HOSTILE],
+        ["pause", HOSTILE],
+        ["resume", HOSTILE],
+        ["limit", "set", HOSTILE, "--concurrency", "2"],
+        ["limit", "clear", HOSTILE],
+    ],
+)
+def test_a_confirmation_escapes_the_name_it_repeats(capsys, monkeypatch, db_url, hostile,
+                                                    argv) -> None:  # fmt: skip
+    out = cli(capsys, monkeypatch, db_url, *argv)
+    assert out.startswith(ESCAPED) or f": {ESCAPED}" in out, out
+    assert not any(c in out for c in RAW), out
+
+
 def test_json_output_keeps_the_exact_text(capsys, monkeypatch, db_url, hostile) -> None:
     [listed] = strict(cli(capsys, monkeypatch, db_url, "jobs", "list", "--json"))
     assert listed["type"] == listed["locked_by"] == listed["last_error"] == HOSTILE
@@ -172,3 +192,22 @@ def test_jobs_show_reads_an_archived_job(
     shown = strict(cli(capsys, monkeypatch, db_url, "jobs", "show", str(job_id), "--json"))
     assert (shown["id"], shown["status"], shown["result"]) == (job_id, "done", {"pages": 3})
     assert shown["archived_at"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["DateStyle=German", "DateStyle=SQL,DMY", "IntervalStyle=iso_8601", "client_encoding=LATIN1",
+     "client_encoding=SQL_ASCII"],
+)  # fmt: skip
+def test_commands_read_and_write_whatever_the_sessions_styles(
+    capsys, monkeypatch, db_url, setting
+) -> None:
+    # A role's, a database's or PGOPTIONS' settings reach every connection:
+    # Rota's own read times and text as they are, whatever those say.
+    url = f"{db_url} options='-c {setting}'"
+    job_id = cli(capsys, monkeypatch, url, "enqueue", "€uro", "--delay", "60").strip()
+    assert "€uro" in cli(capsys, monkeypatch, url, "jobs", "list")
+    assert "€uro" in cli(capsys, monkeypatch, url, "jobs", "show", job_id)
+    assert "€uro" in cli(capsys, monkeypatch, url, "status")
+    cli(capsys, monkeypatch, url, "schedule", "add", "nightly", "--type", "€", "--cron", "@daily")
+    assert "nightly" in cli(capsys, monkeypatch, url, "schedule", "list")

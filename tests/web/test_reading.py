@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from psycopg.types.json import Jsonb
 
 from rota.web import filters
-from tests.web.conftest import BEARER, HTML, add_job
+from tests.web.conftest import BEARER, HTML, add_job, make_client
 
 PAGE = {**BEARER, **HTML}
 
@@ -62,3 +62,16 @@ def test_a_job_done_after_a_retry_is_not_painted_red(client, conn):
     dead_row = page[page.index(f'href="/jobs/{dead}"') :].split("</tr>")[0]
     assert 'class="error"' not in done_row and "recovered from: SMTPError: 451" in done_row
     assert 'class="error"' in dead_row
+
+
+def test_pages_read_whatever_styles_the_database_gives_its_sessions(db_url, conn):
+    # ALTER DATABASE ... SET reaches every session the console's pool opens.
+    name = conn.execute("SELECT current_database() AS d").fetchone()["d"]
+    for setting in ("DateStyle = German", "IntervalStyle = iso_8601", "client_encoding = LATIN1"):
+        conn.execute(f'ALTER DATABASE "{name}" SET {setting}')
+    job = add_job(conn, "€uro", "dead", finished_at=datetime(2030, 1, 2, tzinfo=UTC))
+    with make_client(db_url) as client:
+        for path in ("/", "/jobs", f"/jobs/{job}", "/dead", "/types"):
+            page = client.get(path, headers=PAGE)
+            assert page.status_code == 200, (path, page.text)
+        assert "€uro" in client.get(f"/jobs/{job}", headers=PAGE).text
