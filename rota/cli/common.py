@@ -7,6 +7,7 @@ Exit codes: 0 ok, 2 bad usage or input (one-line reason, nothing written),
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import string
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import psycopg
@@ -83,7 +85,7 @@ def parse_json(text: str | None, what: str = "--payload") -> Any:
         return {}
     limits.text(text, what)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=functools.partial(_double, what))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except ValueError:  # an integer longer than Python converts from text
@@ -94,6 +96,20 @@ def parse_json(text: str | None, what: str = "--payload") -> Any:
         raise UsageError(
             f"{what} is nested more than {limits.MAX_JSON_DEPTH} levels deep"
         ) from None
+
+
+def _double(what: str, text: str) -> float:
+    """A JSON number with a point or an exponent, as Python reads it: a double,
+    refused unless it is the number written (so that none is stored rounded)."""
+    value = float(text)
+    if math.isinf(value):
+        raise UsageError(f"{what} has a number too large for a double: {text}")
+    if Decimal(repr(value)) != Decimal(text):
+        raise UsageError(
+            f"{what} has a number a double cannot hold exactly: {text} (it would be {value!r};"
+            " send a string, or enqueue in SQL, whose jsonb keeps any number)"
+        )
+    return value
 
 
 def parse_instant(text: str, what: str) -> datetime:

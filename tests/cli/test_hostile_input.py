@@ -71,6 +71,35 @@ def test_a_payload_number_too_long_for_python_is_bad_input(capsys, monkeypatch, 
     assert "--payload" in line and "digits" in line, line
 
 
+@pytest.mark.parametrize(
+    ("number", "why"),
+    [
+        ("1e400", "too large"),
+        ("-1e400", "too large"),
+        ("1e-400", "exactly"),
+        ("123456789012345678901234567890.5", "exactly"),
+        ("0.1000000000000000000001", "exactly"),
+    ],
+)
+@pytest.mark.parametrize("command", [["enqueue", "t"], ["schedule", "add", "s", "--type", "t",
+                                                       "--cron", "@daily"]])  # fmt: skip
+def test_a_payload_number_a_double_would_change_is_bad_input(
+    capsys, monkeypatch, command, number, why
+) -> None:
+    # Python reads a JSON number with a point or an exponent as a double: one it
+    # cannot hold as written would be stored rounded (or refused as not JSON).
+    line = refused(capsys, monkeypatch, *command, "--payload", f'{{"n": {number}}}')
+    assert "--payload" in line and number in line and why in line, line
+
+
+def test_payload_numbers_a_double_holds_are_taken_as_written(capsys, monkeypatch) -> None:
+    from rota.cli.common import parse_json
+
+    text = '{"a": 0.1, "b": 0.10, "c": 1e300, "d": -2.5e-300, "e": 12345678901234567890123}'
+    assert parse_json(text) == {"a": 0.1, "b": 0.1, "c": 1e300, "d": -2.5e-300,
+                                "e": 12345678901234567890123}  # fmt: skip
+
+
 def test_a_watch_interval_past_ten_years_is_said_with_the_option(capsys, monkeypatch) -> None:
     for value in ["315360001", "9223372036854775808", "1e9w"]:
         line = refused(capsys, monkeypatch, "status", "--watch", value)
