@@ -69,9 +69,21 @@ def _collapsed(field: str) -> str:
     return ",".join(parts)
 
 
+_FROM_ONE_DAY = re.compile(r"(\w+)/0*([1-9]\d*)")
+
+
 def _collapsed_weekdays(field: str) -> str:
-    """Also ``7/n`` (from Sunday as 7 on: Sunday only), which croniter expands as ``*``."""
-    return ",".join("7" if re.fullmatch(r"7/0*[1-9]\d*", p) else p for p in field.split(","))
+    """Also each ``a/n`` written as its days: from `a` to the field's end, 7
+    (Sunday) included, as ``a-7/n``. croniter ends it at 6 (``1/2`` lost
+    Sunday) and expands ``7/n`` as ``*``."""
+    parts = []
+    for part in field.split(","):
+        match = _FROM_ONE_DAY.fullmatch(part)
+        first = _rank(match[1]) if match else -1
+        if match and 0 <= first <= 7:
+            part = ",".join(str(day) for day in range(first, 8, int(match[2])))
+        parts.append(part)
+    return ",".join(parts)
 
 
 # name, lowest, highest value
@@ -169,11 +181,15 @@ def parse(expr: str) -> Cron:
         raise InvalidInput(
             f"invalid cron expression {text!r}: {_which_field(fields, exc)}"
         ) from None
+    if nth_weekday:  # 5#2: the second Friday of the month
+        raise InvalidInput(
+            f"invalid cron expression {text!r}: day of week field is not classic cron"
+        )
     values: list[set[int]] = []
     for (name, low, high), entries in zip(_FIELDS, expanded, strict=True):
         if entries == ["*"]:
             values.append(set(range(low, high + 1)))
-        elif nth_weekday or not all(isinstance(v, int) for v in entries):
+        elif not all(isinstance(v, int) for v in entries):
             raise InvalidInput(
                 f"invalid cron expression {text!r}: {name} field is not classic cron"
             )

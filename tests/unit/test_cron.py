@@ -109,6 +109,31 @@ def test_random_values_and_nearest_weekdays_are_refused(expr: str) -> None:
         cron.Schedule(expr)
 
 
+@pytest.mark.parametrize("expr", ["0 0 * * 5#2", "0 0 * * mon#1", "0 0 1 * 1#3"])
+def test_a_nth_weekday_is_refused_in_the_day_of_week_field(expr: str) -> None:
+    with pytest.raises(InvalidInput, match="day of week field is not classic cron"):
+        cron.Schedule(expr)
+
+
+@pytest.mark.parametrize(
+    ("expr", "weekdays"),
+    [
+        # a/n runs from a to the field's end, 7 (Sunday) included, as a-7/n does.
+        ("0 0 * * 1/2", {1, 3, 5, 0}),
+        ("0 0 * * mon/2", {1, 3, 5, 0}),
+        ("0 0 * * 1-7/2", {1, 3, 5, 0}),
+        ("0 0 * * 5/2", {5, 0}),
+        ("0 0 * * 0/2", {0, 2, 4, 6}),
+        ("0 0 * * 6/1", {6, 0}),
+        ("0 0 * * 7/3", {0}),
+        ("0 0 * * 2/3,4", {2, 5, 4}),
+        ("0 0 * * */2", {0, 2, 4, 6}),
+    ],
+)
+def test_a_step_from_one_weekday_runs_to_sunday_as_seven(expr: str, weekdays: set[int]) -> None:
+    assert cron.parse(expr).weekdays == weekdays
+
+
 def test_next_slot_is_strictly_after() -> None:
     schedule = cron.Schedule("*/5 * * * *")
     assert schedule.next_slot(utc(2026, 1, 1, 10, 5)) == utc(2026, 1, 1, 10, 10)
