@@ -84,14 +84,33 @@ def applied(conn_or_dsn: ConnOrDsn) -> list[int]:
     return [row["id"] for row in rows]
 
 
+def unknown(conn_or_dsn: ConnOrDsn) -> list[int]:
+    """The migrations applied to this database that this code does not know: a
+    newer Rota's."""
+    known = {number for number, _, _ in sql.migrations()}
+    return [number for number in applied(conn_or_dsn) if number not in known]
+
+
+NEWER = (
+    "the database has migrations this Rota does not know ({}): a newer Rota applied them;"
+    " this one runs on such a schema (as old workers do while an upgrade rolls out),"
+    " but no migration is undone: after a rollback, upgrade again"
+)
+
+
 def require_current(conn_or_dsn: ConnOrDsn) -> None:
-    """Raise `MigrationError` unless every migration this code knows is applied."""
+    """Raise `MigrationError` unless every migration this code knows is applied;
+    log a warning for those a newer Rota applied."""
     known = [number for number, _, _ in sql.migrations()]
-    missing = sorted(set(known) - set(applied(conn_or_dsn)))
+    done = applied(conn_or_dsn)
+    missing = sorted(set(known) - set(done))
     if missing:
         raise MigrationError(
             f"database schema is not up to date (run `rota migrate`): missing {missing}"
         )
+    newer = sorted(set(done) - set(known))
+    if newer:
+        log.warning(NEWER.format(newer))
 
 
 _DESCRIBED = {

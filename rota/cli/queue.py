@@ -19,7 +19,7 @@ from rota.cli.common import (
 )
 from rota.cli.timeouts import option_or_env
 from rota.enqueue import enqueue
-from rota.migrate import KEY_INDEXES, describe_key_index, migrate, use_key_index
+from rota.migrate import KEY_INDEXES, NEWER, describe_key_index, migrate, unknown, use_key_index
 from rota.reading import shown
 from rota.settings import QueueSettings
 
@@ -114,6 +114,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         grant_read=grants["--grant-read"],
     )
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
+    newer = unknown(dsn)
+    if newer:
+        print(f"note: {NEWER.format(newer)}")
     if args.key_index:
         changed = use_key_index(dsn, args.key_index)
         print(

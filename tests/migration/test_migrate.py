@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 import rota
 from rota import claim as claims
 from rota import sql
+from rota.cli import main
 from rota.errors import MigrationError
 from rota.migrate import applied, migrate, require_current
 from rota.scheduler import Scheduler
@@ -81,6 +82,25 @@ def test_migrate_twice_is_a_no_op_and_schema_is_complete(empty_db_url: str) -> N
         "schedule_id",
         "slot",
     } <= columns
+
+
+def test_a_schema_a_newer_rota_migrated_is_said_and_still_used(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # A newer Rota's migration, as after a rollback, or while old workers run
+    # on during an upgrade: this code works on, and says what it does not know.
+    migrate(empty_db_url)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO rota.migrations (id, name) VALUES (9041, 'from_the_future')")
+    with caplog.at_level("WARNING", logger="rota.migrate"):
+        require_current(empty_db_url)
+    assert any("9041" in r.getMessage() and "newer" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("ROTA_DATABASE_URL", empty_db_url)
+    assert main(["migrate"]) == 0  # (it configures logging: after the log is read)
+    out = capsys.readouterr().out
+    assert "applied 0 migration(s)" in out
+    assert "[9041]" in out and "newer" in out, out
 
 
 def test_claiming_uses_the_ready_index_among_many_done_rows(conn: psycopg.Connection) -> None:  # type: ignore[type-arg]
