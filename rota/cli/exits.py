@@ -74,6 +74,10 @@ def one_line(exc: BaseException) -> str:
 
 def _unavailable(exc: DatabaseUnavailable) -> str:
     reason = one_line(exc).removeprefix("database unavailable: ")
+    if getattr(exc.__cause__, "sqlstate", None) == "25006":
+        # Reached, but read-only: a standby, a primary fenced in a failover, or
+        # default_transaction_read_only. A worker waits for it as for an outage.
+        return f"the database takes no writes now (a standby, or read-only): {reason}"
     if os.environ.get("ROTA_DATABASE_URL"):
         return f"cannot reach the database of ROTA_DATABASE_URL: {reason}"
     return (

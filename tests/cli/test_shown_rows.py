@@ -211,3 +211,15 @@ def test_commands_read_and_write_whatever_the_sessions_styles(
     assert "€uro" in cli(capsys, monkeypatch, url, "status")
     cli(capsys, monkeypatch, url, "schedule", "add", "nightly", "--type", "€", "--cron", "@daily")
     assert "nightly" in cli(capsys, monkeypatch, url, "schedule", "list")
+
+
+def test_a_read_only_database_is_said_to_take_no_writes_not_to_be_unreachable(
+    capsys, monkeypatch, db_url
+) -> None:
+    monkeypatch.setenv(
+        "ROTA_DATABASE_URL", f"{db_url} options='-c default_transaction_read_only=on'"
+    )
+    assert main(["enqueue", "t"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rota: the database takes no writes now"), err
+    assert "cannot reach" not in err
