@@ -112,7 +112,11 @@ def _sign(secret: bytes, data: bytes) -> str:
 
 
 def _signed(secret: bytes, purpose: str, body: dict[str, Any]) -> str:
-    data = base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode())
+    # UTF-8, not JSON's \u escapes (12 characters an emoji): a flash message of
+    # MAX_FLASH characters in any script keeps the cookie under the 4,096
+    # bytes a browser keeps. A lone surrogate stays an escape.
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    data = base64.urlsafe_b64encode(text.encode(errors="backslashreplace"))
     signature = _sign(secret, purpose.encode() + b"|" + data)
     return f"{data.decode()}.{signature}"
 

@@ -148,7 +148,7 @@ def _name(params: Mapping[str, str], field: str, what: str) -> str | None:
 def parse_status(text: str | None) -> Status | None:
     if text is None:
         return None
-    return Status.READY if text.lower() == RETRYING else status_named(text)
+    return Status.READY if text == RETRYING else status_named(text)
 
 
 def parse_payload(text: str | None) -> dict[str, Any] | None:

@@ -75,3 +75,12 @@ def test_pages_read_whatever_styles_the_database_gives_its_sessions(db_url, conn
             page = client.get(path, headers=PAGE)
             assert page.status_code == 200, (path, page.text)
         assert "€uro" in client.get(f"/jobs/{job}", headers=PAGE).text
+
+
+def test_a_status_filter_is_named_as_the_command_line_names_it(client):
+    # Lower case, as `rota jobs list --status` takes it: no other case, retrying included.
+    for status in ("retrying", "done"):
+        assert client.get("/jobs", params={"status": status}, headers=PAGE).status_code == 200
+    for status in ("RETRYING", "Retrying", "Done", "DONE"):
+        page = client.get("/jobs", params={"status": status}, headers=PAGE)
+        assert page.status_code == 400, status
