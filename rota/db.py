@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
 from psycopg.rows import dict_row
@@ -310,7 +311,14 @@ def fetch_all(conn: Conn, sql: str, params: dict[str, Any] | None = None) -> lis
     too deep) comes back as its text (rota.reading), never as an error."""
     with errors_wrapped(), tolerant(psycopg.Cursor(conn, row_factory=dict_row)) as cur:
         cur.execute(sql, params)
-        return cur.fetchall() if cur.description else []
+        if cur.description is not None:
+            return cur.fetchall()
+        if conn.info.pipeline_status == pq.PipelineStatus.OFF:
+            return []
+        try:  # pipeline mode: a statement's results come with its first fetch
+            return cur.fetchall()
+        except psycopg.ProgrammingError:  # it returns no rows
+            return []
 
 
 async def afetch_all(
@@ -320,7 +328,14 @@ async def afetch_all(
     with errors_wrapped():
         async with tolerant(psycopg.AsyncCursor(conn, row_factory=dict_row)) as cur:
             await cur.execute(sql, params)
-            return await cur.fetchall() if cur.description else []
+            if cur.description is not None:
+                return await cur.fetchall()
+            if conn.info.pipeline_status == pq.PipelineStatus.OFF:
+                return []
+            try:  # pipeline mode, as in fetch_all
+                return await cur.fetchall()
+            except psycopg.ProgrammingError:
+                return []
 
 
 _USE = (

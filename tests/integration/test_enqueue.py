@@ -209,6 +209,22 @@ def test_nothing_is_committed_for_the_caller(db_url: str) -> None:
         assert conn.execute("SELECT count(*) FROM rota.job").fetchone() == (0,)
 
 
+def test_a_connection_in_pipeline_mode_is_answered_as_any_other(db_url: str) -> None:
+    # In psycopg's pipeline mode a statement's rows come with the first fetch: a
+    # job was written and the id read as missing ("being inserted concurrently").
+    with psycopg.connect(db_url) as conn:
+        with conn.pipeline():
+            one = rota.enqueue(conn, "t")
+            keyed = rota.enqueue(conn, "t", key="k")
+            again = rota.enqueue(conn, "t", key="k")
+            batch = rota.enqueue_many(conn, [rota.NewJob("t")] * 3)
+            assert rota.result(conn, one) == ("ready", None)
+            assert rota.cancel(conn, [one]).ended == [one]
+        conn.commit()
+        count = conn.execute("SELECT count(*) FROM rota.job").fetchone()
+    assert keyed == again and len(set(batch)) == 3 and count == (5,)
+
+
 def test_concurrent_enqueues_of_one_key_make_one_row(db_url: str) -> None:
     results: list[int] = []
     barrier = threading.Barrier(8)

@@ -104,3 +104,14 @@ async def test_bad_input_is_refused_before_anything_is_written(db_url: str) -> N
         with pytest.raises(InvalidInput, match=r"use rota\.enqueue_async"):
             rota.enqueue(aconn, "t")  # type: ignore[arg-type]
     assert rows(db_url) == []
+
+
+@pytest.mark.asyncio
+async def test_an_async_connection_in_pipeline_mode_is_answered_as_any_other(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.pipeline():
+            one = await rota.enqueue_async(conn, "t", key="a")
+            again = await rota.enqueue_async(conn, "t", key="a")
+            batch = await rota.enqueue_many_async(conn, [rota.NewJob("t")] * 2)
+        await conn.commit()
+    assert one == again and len(set(batch)) == 2
