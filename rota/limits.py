@@ -17,6 +17,7 @@ import re
 import zoneinfo
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from rota.errors import MAX_DELAY_SECONDS, InvalidInput
@@ -373,31 +374,52 @@ def _encode_json(value: Any, max_bytes: int, what: str, text_keys: bool = False)
         encoded = str(value)
         if len(encoded) <= max_bytes:
             return encoded
-    _check_tree(value, max_bytes, what, text_keys)
+    printed = _check_tree(value, max_bytes, what, text_keys)
     try:
         # Characters as they are, not escaped: measured in UTF-8, as the database
-        # measures the text it prints, so that Python never refuses a payload the
-        # database would store.
+        # measures the text it prints.
         encoded = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
     if _ESCAPED_NUL.search(encoded):
         raise InvalidInput(f"{what} must not contain a NUL character (jsonb cannot store it)")
-    size = len(encoded.encode())
+    size = len(encoded.encode()) + printed
     if size > max_bytes:
         raise InvalidInput(f"{what} is {size} bytes, over the limit of {max_bytes} bytes")
     return encoded
 
 
-def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False) -> None:
+def stored_bytes(value: Any) -> int:
+    """The size of a JSON value as the database counts it, `octet_length` of
+    the text PostgreSQL prints of its jsonb (`payload::text`): the compact JSON
+    Rota sends, a space after each `,` and `:`, and each number written out in
+    full (`1e300` is 301 digits)."""
+    printed = _check_tree(value, 2**62, "value")
+    compact = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return len(compact.encode()) + printed
+
+
+def _printed_longer(number: float) -> int:
+    """How much longer PostgreSQL prints a float than JSON writes it: in full,
+    never with an exponent (`1e+300` is 301 digits, `1.5e-07` is 0.00000015),
+    and a negative zero without its sign."""
+    short = float.__repr__(number)
+    if "e" not in short:
+        return -1 if number == 0 and short.startswith("-") else 0
+    return len(format(Decimal(short), "f")) - len(short)
+
+
+def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False) -> int:
     """Walk the payload without recursion: its depth, every string in it and, with
-    `text_keys`, that every key is text.
+    `text_keys`, that every key is text. Returns how many bytes longer the
+    database prints it than its compact JSON (see `stored_bytes`).
 
     Every value costs at least a byte of JSON, so a walk past `max_bytes` values
     (a structure that holds itself, say) is a payload over the limit.
     """
     pending: list[tuple[Any, int]] = [(payload, 1)]
     walked = 0
+    printed = 0
     inside = what if what.startswith("the ") else f"the {what}"
     while pending:
         value, depth = pending.pop()
@@ -407,6 +429,10 @@ def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False
         if isinstance(value, str):
             text(value, f"a string in {inside}")
             continue
+        if isinstance(value, float):
+            if math.isfinite(value):  # else refused as not JSON when encoded
+                printed += _printed_longer(value)
+            continue
         if not isinstance(value, dict | list | tuple):
             continue
         if depth > MAX_JSON_DEPTH:
@@ -415,6 +441,8 @@ def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False
             # Each value queued is walked later: refused before a list of
             # millions is queued (memory a worker may not have).
             raise InvalidInput(f"{what} is over the limit of {max_bytes} bytes")
+        if value:  # ", " between items and ": " after each key
+            printed += len(value) - 1 + (len(value) if isinstance(value, dict) else 0)
         if not isinstance(value, dict):
             pending.extend((item, depth + 1) for item in value)
             continue
@@ -427,6 +455,7 @@ def _check_tree(payload: Any, max_bytes: int, what: str, text_keys: bool = False
                     " (JSON keys are text: it would come back changed)"
                 )
             pending.append((item, depth + 1))
+    return printed
 
 
 MAX_UNIQUE_SECONDS = MAX_DELAY_SECONDS
