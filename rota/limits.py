@@ -265,7 +265,7 @@ def clock(value: Any) -> datetime | None:
         raise InvalidInput(
             f"now must be an aware datetime (None: the database's clock), not {_short(value)}"
         )
-    return value
+    return instant(value, "now")
 
 
 def parse_instant(value: str, what: str) -> datetime:

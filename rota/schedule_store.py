@@ -58,6 +58,8 @@ class ScheduleSpec:
 
 def validate(spec: ScheduleSpec) -> None:
     """Raise `InvalidInput` with a one-line reason unless the spec can be stored."""
+    if not isinstance(spec, ScheduleSpec):
+        raise InvalidInput(f"a schedule must be a ScheduleSpec, not {type(spec).__name__}")
     limits.name(spec.name, "schedule name")
     limits.name(spec.job_type, "job type")
     limits.text(spec.cron, "cron expression")
@@ -138,6 +140,7 @@ def upsert(
     not replayed); otherwise slots already due stay due.
     """
     validate(spec)
+    limits.clock(now)
     check_name(spec.name, spec.job_type, namespaced=namespaced)
     encoded = limits.encode_payload(spec.payload)
     with connection(conn_or_dsn) as conn, conn.transaction():
@@ -183,6 +186,7 @@ def remove(conn_or_dsn: ConnOrDsn, name: str) -> bool:
 
 
 def get(conn_or_dsn: ConnOrDsn, name: str) -> dict[str, Any] | None:
+    limits.name(name, "schedule name")
     with connection(conn_or_dsn) as conn:
         return _one(conn, "schedule_get", {"name": name})
 
@@ -197,6 +201,7 @@ def set_suspended(
 ) -> dict[str, Any] | None:
     """Suspend or resume; None when there is no schedule of that name."""
     limits.name(name, "schedule name")
+    limits.clock(now)
     with connection(conn_or_dsn) as conn, conn.transaction():
         old = _one(conn, "schedule_lock_by_name", {"name": name})
         if old is None:
@@ -209,7 +214,12 @@ def set_suspended(
 
 
 def _first_slot(expr: str, timezone: str, now: datetime) -> datetime:
-    slot = cron.Schedule(expr, timezone).next_slot(now)
+    try:
+        slot = cron.Schedule(expr, timezone).next_slot(now)
+    except OverflowError:
+        raise InvalidInput(
+            f"the next slot after {now.isoformat()} lies past the year 9999"
+        ) from None
     if slot is None:  # pragma: no cover - validate() refuses expressions that never fire
         raise InvalidInput(f"cron expression {expr!r} never fires")
     return slot

@@ -28,10 +28,10 @@ class QueueSettings:
     large payloads bloat the table every claim walks."""
 
     def __post_init__(self) -> None:
-        if self.default_max_attempts < 1:
-            raise InvalidInput("default_max_attempts must be at least 1")
-        if self.max_payload_bytes < 2:
-            raise InvalidInput("max_payload_bytes must be at least 2")
+        limits.whole(self.default_max_attempts, "default_max_attempts")
+        # The database's limit is a ceiling: past it, Python would pass a payload
+        # that the database refuses inside the caller's transaction.
+        limits.whole(self.max_payload_bytes, "max_payload_bytes", 2, limits.MAX_PAYLOAD_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)

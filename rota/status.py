@@ -141,7 +141,7 @@ def _plain(value: Any) -> Any:
 
 def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueStatus:
     """The database measures; `now` freezes the clock for tests (default: the database's)."""
-    params = {"now": now}
+    params = {"now": limits.clock(now)}
     with connection(conn_or_dsn) as conn:
         counts = fetch_all(conn, sql.query("metrics_job_counts"), params)
         leases = fetch_all(conn, sql.query("metrics_lease_expirations"), params)[0]
@@ -149,10 +149,10 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         schedules = fetch_all(conn, sql.query("metrics_schedules"), params)
         paused = tuple(r["type"] for r in fetch_all(conn, sql.query("paused_types")))
         workers = fetch_all(conn, sql.query("worker_live_count"), params)[0]["workers"]
-        limits = tuple(list_limits(conn, now))
+        held = tuple(list_limits(conn, now))
     return QueueStatus(
         now=leases["now"],
-        types=_types(counts, paused, limits),
+        types=_types(counts, paused, held),
         lease_expirations=LeaseExpirations(
             total=int(leases["total"]),
             current_hour=int(leases["current_hour"]),
@@ -163,7 +163,7 @@ def read_status(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> QueueSta
         schedules=tuple(ScheduleStatus(**row) for row in schedules),
         paused=paused,
         workers=int(workers),
-        limits=limits,
+        limits=held,
     )
 
 

@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import rota
-from rota import control, schedule_store, tracing
+from rota import control, schedule_store, status, tracing
 from rota.jobs import Job, NewJob, Status
 from rota.settings import QueueSettings
 
@@ -128,7 +128,10 @@ def test_unique_active_is_true_or_false(conn: psycopg.Connection[Any], flag: Any
 
 # -- the clock a caller injects ----------------------------------------------------
 
-CLOCKS: dict[str, Any] = {"text": "yesterday", "a number": 5, "naive": NAIVE, "a date": T0.date()}
+CLOCKS: dict[str, Any] = {
+    "text": "yesterday", "a number": 5, "naive": NAIVE, "a date": T0.date(),
+    "year 1": datetime(1, 1, 1, tzinfo=UTC), "year 9999's end": datetime(9999, 12, 31, tzinfo=UTC),
+}  # fmt: skip
 AT_NOW: dict[str, Callable[[Any], Call]] = {
     "enqueue": lambda now: lambda c: rota.enqueue(c, "t", now=now),
     "enqueue_many": lambda now: lambda c: rota.enqueue_many(c, [NewJob("t")], now=now),
@@ -138,6 +141,15 @@ AT_NOW: dict[str, Callable[[Any], Call]] = {
     "pause": lambda now: lambda c: rota.pause(c, ["t"], now=now),
     "cancel": lambda now: lambda c: rota.cancel(c, [1], now),
     "retry": lambda now: lambda c: control.retry(c, [1], now=now),
+    "schedule upsert": lambda now: (
+        lambda c: schedule_store.upsert(
+            c, schedule_store.ScheduleSpec("s", "t", "0 0 * * *"), now=now
+        )
+    ),
+    "schedule set_suspended": lambda now: (
+        lambda c: schedule_store.set_suspended(c, "s", True, now=now)
+    ),
+    "read_status": lambda now: lambda c: status.read_status(c, now=now),
 }
 
 
@@ -365,6 +377,41 @@ def test_the_settings_of_a_queue_are_still_taken(conn: psycopg.Connection[Any]) 
     with pytest.raises(rota.InvalidInput, match="over the limit of 10 bytes"):
         rota.enqueue(conn, "t", {"x": "y" * 20}, settings=small)
     assert isinstance(rota.enqueue(conn, "t", {}, settings=small), int)
+
+
+@pytest.mark.parametrize(
+    ("settings", "reason"),
+    [
+        (lambda: QueueSettings(default_max_attempts=True), "default_max_attempts must be"),
+        (lambda: QueueSettings(default_max_attempts=1.5), "default_max_attempts must be"),
+        (lambda: QueueSettings(default_max_attempts="5"), "default_max_attempts must be"),
+        (lambda: QueueSettings(default_max_attempts=2**31), "default_max_attempts must be"),
+        (lambda: QueueSettings(max_payload_bytes=math.nan), "max_payload_bytes must be"),
+        (lambda: QueueSettings(max_payload_bytes=10.5), "max_payload_bytes must be"),
+        (lambda: QueueSettings(max_payload_bytes=None), "max_payload_bytes must be"),
+        (lambda: QueueSettings(max_payload_bytes=300_000), "max_payload_bytes must be at most"),
+    ],
+)
+def test_a_queue_s_settings_are_whole_numbers_within_the_database_s_limits(
+    settings: Callable[[], Any], reason: str
+) -> None:
+    with pytest.raises(rota.InvalidInput, match=reason):
+        settings()
+
+
+@pytest.mark.parametrize(
+    ("call", "reason"),
+    [
+        (lambda c: schedule_store.upsert(c, {"name": "x"}), "must be a ScheduleSpec"),
+        (lambda c: schedule_store.get(c, 5), "schedule name must be"),
+        (lambda c: schedule_store.get(c, "a\x00"), "NUL"),
+        (lambda c: schedule_store.get(c, "\udcff"), "UTF-8"),
+    ],
+)
+def test_the_schedule_store_refuses_what_is_no_schedule(
+    conn: psycopg.Connection[Any], call: Call, reason: str
+) -> None:
+    assert reason in _refused(conn, call)
 
 
 # -- a durable job's calls ---------------------------------------------------------
