@@ -3,6 +3,8 @@ grace period is given back, and logged readably."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -13,6 +15,7 @@ from rota.jobs import Job
 from rota_worker.settings import WorkerSettings
 from rota_worker.slots import STOP_MARGIN_SECONDS
 from rota_worker.worker import Worker
+from tests.acceptance.procs import wait_for
 from tests.worker.helpers import _running, row
 
 
@@ -71,3 +74,58 @@ def test_a_stop_ends_within_its_grace_period_and_the_margin(conn, db_url) -> Non
     assert (row(conn, job_id)["status"], row(conn, job_id)["attempts"]) == ("ready", 0)
     # A loaded machine may add half a second of scheduling to the bound.
     assert took < 1 + STOP_MARGIN_SECONDS + 0.5, took
+
+
+def test_an_async_handler_that_swallows_its_stop_does_not_hold_the_worker(conn, db_url) -> None:
+    # It catches every cancellation and goes on: the worker gives its job back
+    # (written, not only logged) and ends within the bound all the same, leaving
+    # the task behind, as it leaves a sync handler's thread.
+    started, gate = threading.Event(), threading.Event()
+
+    async def swallows(job: Job) -> None:
+        started.set()
+        while not gate.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+
+    job_id = rota.enqueue(conn, "stubborn")
+    handlers = {"stubborn": Handler("stubborn", swallows, is_async=True, wants_context=False)}
+    settings = WorkerSettings(
+        concurrency=1, run_reaper=False, run_scheduler=False, grace_period_seconds=1
+    )
+    worker = Worker(db_url, settings, handlers=handlers)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        assert started.wait(60), "the handler did not start"
+        asked = time.monotonic()
+        worker.stop()
+        thread.join(timeout=30)
+        took = time.monotonic() - asked
+        alive = thread.is_alive()
+    finally:
+        gate.set()
+        thread.join(timeout=30)
+    assert not alive, "the worker waited on a handler that ignores its cancellation"
+    assert (row(conn, job_id)["status"], row(conn, job_id)["attempts"]) == ("ready", 0)
+    assert took < 1 + STOP_MARGIN_SECONDS + 2.5, took
+
+
+def test_an_async_handler_that_returns_after_its_timeout_ends_as_the_timeout_says(
+    conn, db_url
+) -> None:
+    # As a sync handler's return after its stop: the stop decides, never done.
+    async def swallows_its_timeout(job: Job) -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    job_id = rota.enqueue(conn, "late", timeout=0.3, max_attempts=1)
+    handlers = {"late": Handler("late", swallows_its_timeout, is_async=True, wants_context=False)}
+    with _running(db_url, handlers, concurrency=1):
+        wait_for(lambda: row(conn, job_id)["status"] not in ("ready", "running"), what="an end")
+    ended = row(conn, job_id)
+    assert (ended["status"], ended["result"]) == ("dead", None), ended
+    assert ended["last_error"].startswith("Timeout: the attempt ran longer"), ended["last_error"]

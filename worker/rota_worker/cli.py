@@ -220,10 +220,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if types is not None:
         check_served(types)
     wait_for_database(dsn, settings.connection, args.startup_wait)
-    Worker(dsn, settings).run(install_signals=True)
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
-        # Sync handlers still running past the grace period were given back;
-        # their threads cannot be interrupted, and must not hold the exit.
+    worker = Worker(dsn, settings)
+    worker.run(install_signals=True)
+    if worker.left_behind or any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
+        # Handlers still running past the grace period were given back; their
+        # threads cannot be interrupted, nor an async handler that swallows its
+        # cancellation, and they must not hold the exit.
         logging.shutdown()
         sys.stdout.flush()
         os._exit(0)

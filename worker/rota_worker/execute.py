@@ -86,6 +86,10 @@ async def run_attempt(
             if handler.is_async:
                 execution.start_clock()
                 value = await acall(handler, job, context)
+                if execution.stopped is not None:
+                    # It caught its stop and returned: the stop decides, as it
+                    # does for a sync handler that returns after its stop.
+                    raise asyncio.CancelledError
             else:
                 value = await run_sync(handler, job, context, execution.start_clock)
             result = None if value is None else limits.encode_result(value)

@@ -205,6 +205,16 @@ class Slots:
         written_by = grace_ends + STOP_MARGIN_SECONDS
         if overrunning:
             await asyncio.wait(overrunning, timeout=max(written_by - self.clock(), 0.0))
+        for record in self.attempts.running:
+            if record.task is not None and not record.task.done():
+                # An async handler that swallows every cancellation: its task is
+                # left behind (the loop closes on it), and its job given back.
+                log.error(
+                    "job %s attempt %s: its handler ignores its cancellation;"
+                    " given back, its task left behind",
+                    *record.key,
+                )
+                self.attempts.dispatch(record, Event.FINISHED)  # the stop decides
         self.outcomes.wake.set()
         try:
             await asyncio.wait_for(
@@ -238,5 +248,7 @@ class Slots:
             log.exception("job %s attempt %s: the attempt failed outside its handler", *record.key)
             failed = outcome_of_error(record.job, exc, backoff)
             outcome = dataclasses.replace(failed, type=record.job.type)
+        if record.state not in (State.RUNNING, State.STOPPING):
+            return  # ended without it at shutdown (its handler ignored its stop)
         record.outcome = outcome
         self.attempts.dispatch(record, Event.FINISHED)

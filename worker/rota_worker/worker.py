@@ -26,7 +26,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -67,6 +67,53 @@ EAGER_TASK_FACTORY: Any = getattr(asyncio, "eager_task_factory", None)
 """asyncio's eager task factory (Python 3.12 and later; None before)."""
 
 
+LEFT_BEHIND_SECONDS = 1.0
+"""How long the loop's end waits for tasks it cancels (asyncio.run waits for ever)."""
+
+
+def run_loop(
+    coro: Coroutine[Any, Any, None], loop_factory: Callable[[], asyncio.AbstractEventLoop]
+) -> int:
+    """Run `coro` to its end as `asyncio.run` does, but give the tasks still
+    running then at most LEFT_BEHIND_SECONDS after their cancellation: a task
+    that swallows every cancellation (an async handler's) is left behind, not
+    waited for. Returns how many were."""
+    loop = loop_factory()
+    asyncio.set_event_loop(loop)
+    left = 0
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        try:
+            left = _cancel_the_rest(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    return left
+
+
+def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> int:
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if not pending:
+        return 0
+    done, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=LEFT_BEHIND_SECONDS))
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {"message": "unhandled exception as the worker stopped", "task": task,
+                 "exception": task.exception()}
+            )  # fmt: skip
+    _LEFT_BEHIND.extend(stuck)  # kept: destroyed pending, each would log an error
+    return len(stuck)
+
+
+_LEFT_BEHIND: list[asyncio.Task[Any]] = []
+
+
 def _eager_loop() -> asyncio.AbstractEventLoop:
     """A new event loop whose tasks take their first step inside create_task: a
     no-op handler's attempt ends there, with no turn of the loop in between (see
@@ -105,6 +152,8 @@ class Worker:
                 Wear(s.max_jobs_per_child, s.max_child_memory_mb),
             )  # fmt: skip
         self._stopping = asyncio.Event()
+        self.left_behind = 0
+        """Tasks still running after the loop's end cancelled them (see `run_loop`)."""
         self.slots = Slots(
             s, self.attempts, self.outcomes, self.handlers, self.context, self.runner,
             slot_freed=self._wake_claims,
@@ -179,10 +228,8 @@ class Worker:
 
     def run(self, install_signals: bool = True) -> None:
         coro = self.run_async(install_signals=install_signals)
-        if self.settings.eager_tasks and EAGER_TASK_FACTORY is not None:
-            asyncio.run(coro, loop_factory=_eager_loop)  # type: ignore[call-arg,unused-ignore]
-        else:
-            asyncio.run(coro)
+        eager = self.settings.eager_tasks and EAGER_TASK_FACTORY is not None
+        self.left_behind = run_loop(coro, _eager_loop if eager else asyncio.new_event_loop)
 
     async def run_async(self, install_signals: bool = False) -> None:
         self._loop = loop = asyncio.get_running_loop()
