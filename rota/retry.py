@@ -114,13 +114,26 @@ def _headline(exc: BaseException) -> str:
 
 
 def _frames(exc: BaseException) -> str:
-    """The traceback's frames from the first one outside Rota (all of them when
-    every frame is Rota's own: then Rota itself raised it)."""
+    """The traceback's frames from the first one outside Rota and the standard
+    library (a thread pool calls Rota, which calls the handler); all of them
+    when there is none: then Rota itself raised it."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     own = _own_folders()
-    first = next((i for i, f in enumerate(frames) if not f.filename.startswith(own)), len(frames))
+    first = next((i for i, f in enumerate(frames) if not _calls_in(f.filename, own)), len(frames))
     shown = frames[first:] or frames
     return storable("".join(traceback.format_list(shown)).rstrip("\n"))
+
+
+_STANDARD_LIBRARY = os.path.join(os.path.dirname(os.__file__), "")
+"""The standard library's folder; the packages installed below it are not its."""
+
+
+def _calls_in(filename: str, own: tuple[str, ...]) -> bool:
+    """A frame of Rota's or of the standard library: of what calls a handler."""
+    if filename.startswith(own):
+        return True
+    installed = f"{os.sep}site-packages{os.sep}" in filename or "dist-packages" in filename
+    return filename.startswith(_STANDARD_LIBRARY) and not installed
 
 
 def _own_folders() -> tuple[str, ...]:

@@ -6,6 +6,7 @@ import math
 import os
 import random
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -189,3 +190,25 @@ def _raise_from(fn: Callable[[], object]) -> BaseException:
     except BaseException as caught:
         return caught
     raise AssertionError("did not raise")
+
+
+def test_error_description_leaves_out_the_thread_pool_that_called_rota() -> None:
+    # A sync handler runs in a worker thread: the standard library's executor
+    # frame comes first, then Rota's call, then the handler's own frames.
+    import concurrent.futures
+
+    from rota import handlers as rota_handlers
+
+    def handler(job: Any) -> None:
+        raise ValueError("boom")
+
+    found = rota_handlers.Handler("t", handler, is_async=False, wants_context=False)
+    job = Job(1, "t", {}, None, Status.RUNNING, datetime.now(UTC), 1, 3)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        error = pool.submit(
+            rota_handlers.call, found, job, rota_handlers.Context("", "w")
+        ).exception()
+    assert error is not None
+    frames = describe_error(error).splitlines()[1:]
+    assert "in handler" in frames[0], frames
+    assert not any("concurrent" in f or "rota/handlers.py" in f for f in frames), frames
