@@ -106,6 +106,16 @@ def errors_wrapped() -> Iterator[None]:
         # A value that cannot even be sent (a lone surrogate): the statement is
         # refused before it leaves, as the server would refuse a NUL.
         raise DatabaseError(f"UnicodeEncodeError: {exc}") from exc
+    except NotImplementedError as exc:
+        # psycopg reads no time in a DateStyle but ISO, nor an interval in an
+        # IntervalStyle but postgres: on a caller's connection set otherwise
+        # (Rota's own connections are set back: `settle`).
+        if "Style" not in str(exc):
+            raise
+        raise DatabaseError(
+            f"{exc} (Rota reads times in ISO: SET DateStyle = ISO, IntervalStyle = postgres"
+            " on the connection)"
+        ) from exc
 
 
 _REFUSED_OPTION = re.compile(

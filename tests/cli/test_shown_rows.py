@@ -223,3 +223,12 @@ def test_a_read_only_database_is_said_to_take_no_writes_not_to_be_unreachable(
     err = capsys.readouterr().err
     assert err.startswith("rota: the database takes no writes now"), err
     assert "cannot reach" not in err
+
+
+def test_a_callers_connection_in_another_datestyle_gets_a_database_error(db_url) -> None:
+    # The caller's connection is used as it is: a reader says why it cannot read.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        job_id = rota.enqueue(conn, "t")
+        conn.execute("SET DateStyle = German")
+        with pytest.raises(rota.DatabaseError, match="SET DateStyle = ISO"):
+            rota.lookup.get_job(conn, job_id)
