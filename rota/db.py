@@ -378,11 +378,14 @@ def _joined(obj: Any) -> Conn:
 
 
 def _sqlalchemy_joined(obj: Any) -> Conn:
-    """The psycopg connection under a SQLAlchemy Connection or Session."""
+    """The psycopg connection under a SQLAlchemy Connection or Session (or a
+    scoped_session's current Session)."""
     from sqlalchemy.engine import Connection
     from sqlalchemy.exc import InvalidRequestError
-    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import Session, scoped_session
 
+    if isinstance(obj, scoped_session):  # Flask-SQLAlchemy's db.session, say
+        obj = obj()  # the Session it stands for now
     if not isinstance(obj, Connection | Session):
         raise InvalidInput(
             f"Rota cannot use a SQLAlchemy {type(obj).__name__} as a connection: give a"

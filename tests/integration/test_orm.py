@@ -20,7 +20,7 @@ from rota.errors import InvalidInput
 sqlalchemy = pytest.importorskip("sqlalchemy")
 from sqlalchemy import URL, create_engine, text  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine  # noqa: E402
-from sqlalchemy.orm import Session  # noqa: E402
+from sqlalchemy.orm import Session, scoped_session, sessionmaker  # noqa: E402
 
 
 def url(db_url: str, driver: str = "psycopg") -> Any:
@@ -102,6 +102,19 @@ def test_a_session_commits_or_rolls_back_its_rows_and_its_jobs_together(engine, 
         rota.enqueue(session, "ship", key="c")
         session.commit()
     assert committed(db_url) == (["a", "c"], ["a", "c"])
+
+
+def test_a_scoped_session_joins_the_transaction_of_its_current_session(engine, db_url) -> None:
+    # Flask-SQLAlchemy's `db.session` is one: Rota takes the Session it stands for.
+    session = scoped_session(sessionmaker(engine))
+    session.execute(order("a"))
+    rota.enqueue(session, "ship", key="a")
+    session.commit()
+    session.execute(order("b"))
+    rota.enqueue(session, "ship", key="b")
+    session.rollback()
+    session.remove()
+    assert committed(db_url) == (["a"], ["a"])
 
 
 @pytest.mark.asyncio
