@@ -112,6 +112,18 @@ def test_run_after_naive_and_unknown_queues_are_invalid(tasks: None, shop: str) 
     assert {top.task.priority, bottom.task.priority} == {100, -100}
 
 
+def test_a_naive_run_after_is_the_projects_local_time_without_use_tz(
+    tasks: None, shop: str
+) -> None:
+    # With USE_TZ off, Django takes naive datetimes in TIME_ZONE (and lets the
+    # task through): Rota refused it as a time without a zone.
+    from django.test import override_settings
+
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Berlin"):
+        echo.using(run_after=datetime(2031, 1, 1, 12, 0)).enqueue()
+    assert [row["run_at"] for row in jobs(shop)] == [datetime(2031, 1, 1, 11, 0, tzinfo=UTC)]
+
+
 def test_a_result_read_back_is_of_the_queue_it_was_enqueued_on(tasks: None, shop: str) -> None:
     result = echo.using(queue_name="emails").enqueue()
     read = task_backends["default"].get_result(result.id)

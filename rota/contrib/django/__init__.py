@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -104,7 +105,7 @@ class RotaBackend(BaseTaskBackend):
             connections[self.database],
             job_type(task.queue_name),
             payload,
-            run_at=task.run_after,
+            run_at=_aware(task.run_after),
             priority=rota_priority(task.priority),
             max_attempts=self.max_attempts,
         )
@@ -180,6 +181,14 @@ def _task_at(path: str) -> Task:
     if not isinstance(found, Task):
         raise InvalidTask(f"{path!r} is not a Task (it is {type(found).__name__})")
     return found
+
+
+def _aware(when: datetime | None) -> datetime | None:
+    """`run_after` as an instant: a naive one (Django lets it through with USE_TZ
+    off) is the project's local time, TIME_ZONE, as Django reads naive times."""
+    if when is None or not timezone.is_naive(when):
+        return when
+    return timezone.make_aware(when, timezone.get_default_timezone())
 
 
 def _check_importable(task: Task) -> None:
