@@ -129,3 +129,31 @@ def test_an_async_handler_that_returns_after_its_timeout_ends_as_the_timeout_say
     ended = row(conn, job_id)
     assert (ended["status"], ended["result"]) == ("dead", None), ended
     assert ended["last_error"].startswith("Timeout: the attempt ran longer"), ended["last_error"]
+
+
+def test_a_job_stopped_by_its_timeout_is_not_logged_as_given_back_at_shutdown(
+    conn, db_url, caplog
+) -> None:
+    # Its timeout stopped it first: it ends as the timeout says (a retry), so
+    # the shutdown's "given back" would be a false line.
+    stopped, gate = threading.Event(), threading.Event()
+
+    def overruns(job: Job) -> None:
+        job.cancelled.wait(30)
+        stopped.set()
+        gate.wait(30)
+
+    job_id = rota.enqueue(conn, "overruns", timeout=0.2)
+    handlers = {"overruns": Handler("overruns", overruns, is_async=False, wants_context=False)}
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="rota.worker"),
+            _running(db_url, handlers, concurrency=1, grace_period_seconds=0),
+        ):
+            assert stopped.wait(60), "the timeout did not stop the handler"
+    finally:
+        gate.set()
+    messages = [record.getMessage() for record in caplog.records]
+    assert not any("did not finish within the grace period" in m for m in messages), messages
+    ended = row(conn, job_id)
+    assert ended["last_error"].startswith("Timeout"), ended

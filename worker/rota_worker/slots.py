@@ -189,10 +189,11 @@ class Slots:
         if running:
             await asyncio.wait(running, timeout=max(grace_ends - self.clock(), 0.0))
         for record in self.attempts.running:
-            log.warning(
-                "job %s attempt %s did not finish within the grace period; given back",
-                *record.key,
-            )
+            if record.state is State.RUNNING:  # one already stopping ends as its stop says
+                log.warning(
+                    "job %s attempt %s did not finish within the grace period; given back",
+                    *record.key,
+                )
             self.attempts.stop(record, Event.SHUTDOWN)
         stopped = self._tasks()
         if stopped:
