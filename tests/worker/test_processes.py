@@ -160,3 +160,43 @@ def test_a_child_logs_as_its_worker_does(conn, db_url, tmp_path, capfd) -> None:
     [charged] = [line for line in lines if line["logger"] == "shop"]
     assert (charged["level"], charged["message"]) == ("info", "charged order 17")
     assert charged["pid"] != os.getpid()  # written by the child
+
+
+SLEEPER = """\
+import os, pathlib, time
+import rota
+
+@rota.handler("sleeps.past.its.stop")
+def sleeps_past_its_stop(job):
+    (pathlib.Path(job.payload["folder"]) / "pid").write_text(str(os.getpid()))
+    time.sleep(30)
+"""
+
+
+def test_a_shutdown_that_gives_back_a_childs_job_logs_no_error(
+    conn, db_url, tmp_path, caplog
+) -> None:
+    # The child is condemned and its pipe closed while a task still waited to
+    # read from it: that task's end raised OSError('handle is closed'), logged
+    # as an error of the loop's shutdown after every such stop.
+    (tmp_path / "sleeping_handlers.py").write_text(SLEEPER)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import sleeping_handlers  # noqa: F401
+
+        handlers = {"sleeps.past.its.stop": rota.handlers.registered()["sleeps.past.its.stop"]}
+        job_id = rota.enqueue(conn, "sleeps.past.its.stop", {"folder": str(tmp_path)})
+        with (
+            caplog.at_level(logging.ERROR),
+            _running(
+                db_url, handlers, concurrency=1, isolation="process", grace_period_seconds=0,
+                handler_modules=["sleeping_handlers"],
+            ),
+        ):  # fmt: skip
+            wait_for((tmp_path / "pid").exists, what="the handler to start")
+    finally:
+        sys.path.remove(str(tmp_path))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], errors
+    found = conn.execute("SELECT status, attempts FROM rota.job WHERE id = %s", (job_id,))
+    assert found.fetchone() == {"status": "ready", "attempts": 0}

@@ -185,19 +185,22 @@ class Child:
         """The child's next message (ChildDied when it has none to give)."""
         loop = asyncio.get_running_loop()
         message: asyncio.Future[Any] = loop.create_future()
+        # The number, not the pipe's fileno(): a pipe closed meanwhile (the
+        # worker's stop closes a condemned child's) has none to give.
+        fd = self.conn.fileno()
 
         def readable() -> None:
-            loop.remove_reader(self.conn.fileno())
+            loop.remove_reader(fd)
             try:
                 message.set_result(self.conn.recv())
             except (EOFError, OSError) as exc:
                 message.set_exception(ChildDied(f"handler process {self.pid} died: {exc!r}"))
 
-        loop.add_reader(self.conn.fileno(), readable)
+        loop.add_reader(fd, readable)
         try:
             return await message
         except asyncio.CancelledError:
-            loop.remove_reader(self.conn.fileno())
+            loop.remove_reader(fd)
             raise
 
     async def start(self) -> None:
