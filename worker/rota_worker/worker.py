@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -87,11 +88,23 @@ def run_loop(
         try:
             left = _cancel_the_rest(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.run_until_complete(_executor_shut_down(loop))
         finally:
             asyncio.set_event_loop(None)
             loop.close()
     return left
+
+
+EXECUTOR_JOIN_SECONDS = 300.0
+"""How long the loop's end waits for the default executor's threads (asyncio.run's
+bound from Python 3.12 on; 3.11's waits for ever)."""
+
+
+async def _executor_shut_down(loop: asyncio.AbstractEventLoop) -> None:
+    if sys.version_info >= (3, 12):
+        await loop.shutdown_default_executor(EXECUTOR_JOIN_SECONDS)
+    else:
+        await loop.shutdown_default_executor()
 
 
 def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> int:
