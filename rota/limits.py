@@ -374,16 +374,7 @@ def _encode_json(value: Any, max_bytes: int, what: str, text_keys: bool = False)
         encoded = str(value)
         if len(encoded) <= max_bytes:
             return encoded
-    printed = _check_tree(value, max_bytes, what, text_keys)
-    try:
-        # Characters as they are, not escaped: measured in UTF-8, as the database
-        # measures the text it prints.
-        encoded = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
-    if _ESCAPED_NUL.search(encoded):
-        raise InvalidInput(f"{what} must not contain a NUL character (jsonb cannot store it)")
-    size = len(encoded.encode()) + printed
+    encoded, size = _measured(value, max_bytes, what, text_keys)
     if size > max_bytes:
         raise InvalidInput(f"{what} is {size} bytes, over the limit of {max_bytes} bytes")
     return encoded
@@ -394,9 +385,21 @@ def stored_bytes(value: Any) -> int:
     the text PostgreSQL prints of its jsonb (`payload::text`): the compact JSON
     Rota sends, a space after each `,` and `:`, and each number written out in
     full (`1e300` is 301 digits)."""
-    printed = _check_tree(value, 2**62, "value")
-    compact = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    return len(compact.encode()) + printed
+    return _measured(value, 2**62, "value")[1]
+
+
+def _measured(value: Any, max_bytes: int, what: str, text_keys: bool = False) -> tuple[str, int]:
+    """The value's compact JSON, checked, and its size as the database prints it."""
+    printed = _check_tree(value, max_bytes, what, text_keys)
+    try:
+        # Characters as they are, not escaped: measured in UTF-8, as the database
+        # measures the text it prints.
+        encoded = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    if _ESCAPED_NUL.search(encoded):
+        raise InvalidInput(f"{what} must not contain a NUL character (jsonb cannot store it)")
+    return encoded, len(encoded.encode()) + printed
 
 
 def _printed_longer(number: float) -> int:
