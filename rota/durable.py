@@ -137,17 +137,21 @@ def trail(conn_or_dsn: ConnOrDsn, job_id: int, shown: int | None = None) -> Trai
             part: fetch_all(conn, sql.query(f"job_{part}"), params)
             for part in ("steps", "waits", "children")
         }
-    left_out = {}
-    for part, rows in listed.items():
-        total = rows[0]["total"] if rows else 0
-        for row in rows:
-            del row["total"]
-        left_out[part] = total - len(rows)
+    left_out = {part: left_out_of(rows) for part, rows in listed.items()}
     return Trail(
         **listed,
         parent_id=parent[0]["parent_id"] if parent else None,
         left_out=left_out if shown is not None else {},
     )
+
+
+def left_out_of(rows: list[dict[str, Any]]) -> int:
+    """Of rows read with a `total` column (`count(*) OVER ()` before a LIMIT):
+    how many the limit left out. The column is taken off the rows."""
+    total = rows[0]["total"] if rows else 0
+    for row in rows:
+        del row["total"]
+    return int(total) - len(rows)
 
 
 def _configured(conn: Conn) -> None:

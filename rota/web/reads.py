@@ -86,7 +86,7 @@ def job_detail(conn: Conn, job_id: int) -> JobDetail:
     effects = fetch_all(
         conn, sql.query("web_job_effects"), {"key": job.effect_key, "limit": SHOWN_ROWS}
     )
-    effects_left_out = (effects[0]["total"] - len(effects)) if effects else 0
+    effects_left_out = durable.left_out_of(effects)
     schedule = None
     if job.schedule_id is not None:
         found = fetch_all(conn, sql.query("web_schedule_by_id"), {"id": job.schedule_id})
