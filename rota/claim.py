@@ -248,20 +248,21 @@ def extend_leases(
     lease_seconds: float,
     now: datetime | None = None,
 ) -> list[Lease]:
-    """Extend the leases on `held` (job id, attempt); return those still held."""
+    """Extend the leases on `held` (job id, claim number, `rota.attempt.Key`);
+    return those still held."""
     keys = sorted(held)  # rows are locked in id order (see _outcome_params)
     if not keys:
         return []
     params = {
         "ids": [job_id for job_id, _ in keys],
-        "attempts": [attempts for _, attempts in keys],
+        "claims": [claim for _, claim in keys],
         "worker": worker_id,
         "lease": lease_seconds,
         "now": now,
     }
     with errors_wrapped(), _keyed(conn, sql.query("extend_leases"), params, dict_row) as cur:
         rows = cur.fetchall()
-    return [Lease(r["id"], r["attempts"], r["cancel_requested"]) for r in rows]
+    return [Lease(r["id"], r["claims"], r["cancel_requested"]) for r in rows]
 
 
 def write_outcomes(
@@ -269,7 +270,7 @@ def write_outcomes(
 ) -> dict[tuple[int, int], Status]:
     """Write a batch of outcomes; only those whose lease is still held are written.
 
-    Returns the new status of each attempt written, by (job id, attempt).
+    Returns the new status of each attempt written, by its key (job id, claim number).
     """
     batch = list(attempts)
     if not batch:
@@ -277,7 +278,7 @@ def write_outcomes(
     params = _outcome_params(worker_id, batch, now)
     with errors_wrapped(), _keyed(conn, sql.query("write_outcomes"), params, dict_row) as cur:
         rows = cur.fetchall()
-    return {(r["id"], r["attempts"]): Status(r["status"]) for r in rows}
+    return {(r["id"], r["claims"]): Status(r["status"]) for r in rows}
 
 
 def _outcome_params(
@@ -293,7 +294,7 @@ def _outcome_params(
     # against under 2 us this way (the server parses the same text either way).
     return {
         "ids": _numbers([a.job_id for a in batch]),
-        "attempts": _numbers([a.attempts for a in batch]),
+        "claims": _numbers([a.claim for a in batch]),
         "outcomes": _strings([a.outcome.value for a in batch]),
         "delays": _numbers([float(a.delay) for a in batch]),
         "errors": _strings([a.error for a in batch]),
@@ -340,19 +341,20 @@ def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
         raise InvalidInput(f"complete takes a Job (the handler's), not {type(job).__name__}")
     if job.locked_by is None or job.cancelled.is_set():
         return False
-    written = write_outcomes(
-        conn, job.locked_by, [Attempt(job.id, job.attempts, Outcome.DONE)], now
-    )
+    written = write_outcomes(conn, job.locked_by, [Attempt.of(job, Outcome.DONE)], now)
     return bool(written)
 
 
-def running_of(conn: Conn, worker_id: str) -> list[tuple[int, int]]:
-    """(job id, attempt) of every row running under `worker_id`'s name."""
+def running_of(conn: Conn, worker_id: str) -> list[Attempt]:
+    """Every row running under `worker_id`'s name, as an attempt given back
+    (`Attempt.key` says which claim of its job it is)."""
     rows = fetch_all(conn, sql.query("running_of_worker"), {"worker": worker_id})
-    return [(row["id"], row["attempts"]) for row in rows]
+    return [
+        Attempt(row["id"], row["attempts"], Outcome.RELEASED, claim=row["claims"]) for row in rows
+    ]
 
 
 def states(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, object]]:
-    """Current status, locked_by and attempts of some jobs (to explain a failed finish)."""
+    """Current status, locked_by, attempts and claims of some jobs (to explain a failed finish)."""
     rows = fetch_all(conn, sql.query("job_states"), {"ids": list(ids)})
     return {row["id"]: row for row in rows}

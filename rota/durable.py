@@ -385,7 +385,7 @@ class Run:
             self.job.id,
             name,
             encoded,
-            self.job.attempts,
+            self.job.claims,
             time.perf_counter() - started,
             self.worker_id,
             self.now,
@@ -583,7 +583,7 @@ class Run:
     def _holder(self) -> dict[str, Any]:
         """The lease this run writes under: a statement given it writes nothing
         unless the job still runs at this attempt, held by this worker."""
-        return {"attempt": self.job.attempts, "worker": self.worker_id}
+        return {"claim": self.job.claims, "worker": self.worker_id}
 
     def _check_children(self, children: list[int]) -> None:
         rows = self._read(sql.query("children_known"), {"parent": self.job.id, "ids": children})

@@ -144,6 +144,10 @@ class Job:
     """The W3C trace context of the span that enqueued the job (OpenTelemetry)."""
     group_key: str | None = None
     """The job's concurrency group (a tenant, an account, a host), or None."""
+    claims: int = 0
+    """How many times the job was claimed, this claim included: the number its
+    lease is held by (nothing lowers it, where a give-back or a retry lowers
+    `attempts`)."""
     cancelled: StopSignal = dataclasses.field(default_factory=StopSignal, compare=False, repr=False)
     """Set when the attempt should stop: its timeout passed or somebody cancelled the job.
     A sync handler checks it (or calls `raise_if_cancelled`) between steps; an async

@@ -1,6 +1,7 @@
 -- Durable jobs: steps, waits, events and children (migration 0025,
 -- rota/durable.py). A run's writes are conditional on its lease, as outcomes
--- are: a worker whose lease was taken away stores nothing.
+-- are (its worker and its claim's number, migration 0041): a run whose lease
+-- was taken away stores nothing.
 
 -- name: steps_of_job
 -- Every completed step of a job, read once by a run before its first step.
@@ -13,15 +14,16 @@ SELECT name, result FROM rota.job_step WHERE job_id = $1::bigint
 -- stored (rowcount 0): the lease is gone (or the step was stored already),
 -- roll back. The statement a run sends most, so its parameters are
 -- positional, sent through a raw cursor (no named-parameter conversion):
--- $1 job, $2 name, $3 result, $4 attempt, $5 seconds the step took,
--- $6 worker, $7 now (NULL: the database's clock).
+-- $1 job, $2 name, $3 result, $4 the claim's number, $5 seconds the step
+-- took, $6 worker, $7 now (NULL: the database's clock). The step records the
+-- attempt it was stored in, read from the row.
 INSERT INTO rota.job_step (job_id, name, result, attempt, started_at, finished_at)
-SELECT $1::bigint, $2::text, $3::jsonb, $4::int,
+SELECT $1::bigint, $2::text, $3::jsonb, j.attempts,
        coalesce($7::timestamptz, now()) - make_interval(secs => $5::float8),
        coalesce($7::timestamptz, now())
-WHERE EXISTS (SELECT FROM rota.job
-              WHERE id = $1::bigint AND status = 'running' AND locked_by = $6::text
-                AND attempts = $4::int)
+FROM rota.job AS j
+WHERE j.id = $1::bigint AND j.status = 'running' AND j.locked_by = $6::text
+  AND j.claims = $4::int
 ON CONFLICT (job_id, name) DO NOTHING
 
 -- name: event_payload
@@ -41,10 +43,10 @@ WHERE parent_id = %(parent)s AND child_id = ANY(%(ids)s::bigint[])
 SELECT CASE
     WHEN (SELECT j.cancel_requested_at IS NOT NULL FROM rota.job AS j
           WHERE j.id = %(job)s AND j.status = 'running' AND j.locked_by = %(worker)s
-            AND j.attempts = %(attempt)s
+            AND j.claims = %(claim)s
           FOR NO KEY UPDATE)
         THEN 'cancelled'
-    ELSE rota.suspend(%(job)s, %(attempt)s, %(worker)s, %(name)s, %(kind)s, %(key)s,
+    ELSE rota.suspend(%(job)s, %(claim)s, %(worker)s, %(name)s, %(kind)s, %(key)s,
                       %(children)s::bigint[], %(seconds)s::float8, %(now)s::timestamptz)
 END AS state
 
@@ -56,7 +58,7 @@ SELECT rota.emit(%(key)s, %(payload)s::jsonb) AS woken
 -- taken with the child's id drawn up front, and the child is made only by
 -- the statement that took it. The parent's row is locked first, as
 -- rota.cancel locks it, and no child is made unless the parent still runs
--- under this attempt (`held`) with no cancel requested (`free`): a cancel
+-- under this claim (`held`) with no cancel requested (`free`): a cancel
 -- committed before is seen here, one after finds the child and cancels it
 -- with its parent. `id` NULL with `free` true: the name was taken before
 -- (child_of_name says by which child).
@@ -64,7 +66,7 @@ WITH parent AS (
     SELECT j.cancel_requested_at IS NULL AS free
     FROM rota.job AS j
     WHERE j.id = %(parent)s AND j.status = 'running' AND j.locked_by = %(worker)s
-      AND j.attempts = %(attempt)s
+      AND j.claims = %(claim)s
     FOR NO KEY UPDATE
 ),
 taken AS (
@@ -102,7 +104,7 @@ UPDATE rota.job_wait AS w SET ended_at = NULL, ended_by = NULL
 FROM rota.job AS j
 WHERE w.job_id = %(job)s AND w.name = %(name)s AND w.kind = 'children'
   AND j.id = w.job_id AND j.status = 'running' AND j.locked_by = %(worker)s
-  AND j.attempts = %(attempt)s
+  AND j.claims = %(claim)s
 RETURNING w.job_id
 
 -- name: child_of_name

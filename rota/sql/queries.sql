@@ -225,6 +225,7 @@ SET status = 'running',
     locked_by = %(worker)s,
     locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s),
     attempts = j.attempts + 1,
+    claims = j.claims + 1,
     started_at = coalesce(%(now)s::timestamptz, now()),
     -- Both arrays read the materialized rows in the order they were stored.
     limit_slot = (ARRAY(SELECT l.limit_slot FROM limited AS l))
@@ -235,7 +236,7 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM picked) || ARRAY(SELECT id FROM limited))
 RETURNING j.id, j.type, j.payload, j.idempotency_key, j.status, j.run_at, j.attempts,
           j.max_attempts, j.locked_by, j.locked_until, j.last_error, j.created_at,
           j.started_at, j.finished_at, j.schedule_id, j.slot, j.priority, j.timeout_seconds,
-          j.cancel_requested_at, j.releases, j.trace_context, j.group_key
+          j.cancel_requested_at, j.releases, j.trace_context, j.group_key, j.claims
 
 -- name: claim_floor
 -- The first ready job of each priority that the claim would take (NULL where
@@ -270,25 +271,26 @@ SELECT type, priority, run_at
 FROM rota.limited_floor(coalesce(%(now)s::timestamptz, now()), %(types)s::text[])
 
 -- name: extend_leases
--- Heartbeat: extend the leases this worker still holds; a missing id in the
--- result is a lease lost. It also brings back which of them somebody asked to
+-- Heartbeat: extend the leases this worker still holds, each by the number of
+-- its claim (migration 0041); a missing id in the result is a lease lost. It also brings back which of them somebody asked to
 -- cancel, so a worker learns of a cancel request with no query of its own.
 -- Driven from the batch: each row is reached by its primary key (see
 -- write_outcomes for why the arrays go through subqueries and the status
 -- test is written as it is).
 UPDATE rota.job AS j
 SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease)s)
-FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[])) AS h(id, attempts)
+FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(claims)s::int[])) AS h(id, claims)
 WHERE j.id = h.id
   AND j.status IS NOT DISTINCT FROM 'running'
   AND j.locked_by = %(worker)s
-  AND j.attempts = h.attempts
-RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested
+  AND j.claims = h.claims
+RETURNING j.id, j.claims, j.cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: write_outcomes
 -- Record outcomes of a batch of jobs. Each update holds only if the row is
--- still running, locked by this worker, at the same attempt: a worker whose
--- lease was taken away changes nothing.
+-- still running, locked by this worker, under the same claim (its number,
+-- which nothing lowers, not the attempt's, which a give-back or a retry
+-- lowers): a run whose lease was taken away changes nothing.
 --   done      -> done
 --   failed    -> failed (permanent error)
 --   retry     -> ready again after delay, or dead at max_attempts
@@ -330,10 +332,10 @@ WITH written AS (
                 THEN coalesce(%(now)s::timestamptz, now())
         END
     -- %(results)s is NULL for a batch with no results (unnest pads it with NULLs).
-    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(claims)s::int[]),
                 (SELECT %(outcomes)s::text[]), (SELECT %(delays)s::float8[]),
                 (SELECT %(errors)s::text[]), (SELECT %(results)s::jsonb[]))
-         AS f(id, attempts, outcome, delay, error, result)
+         AS f(id, claims, outcome, delay, error, result)
     -- The plan is driven from the batch and reaches each row by its primary key,
     -- whether planned for these values or generic (psycopg prepares a statement on
     -- its sixth run). Each array is passed through a subquery (an InitPlan) so
@@ -348,8 +350,8 @@ WITH written AS (
     WHERE j.id = f.id
       AND j.status IS NOT DISTINCT FROM 'running'
       AND j.locked_by = %(worker)s
-      AND j.attempts = f.attempts
-    RETURNING j.id, f.attempts, j.status, j.type, j.limit_slot
+      AND j.claims = f.claims
+    RETURNING j.id, f.claims, j.status, j.type, j.limit_slot
 ),
 counted AS (
     INSERT INTO rota.job_done_count (type, count)
@@ -372,15 +374,15 @@ woken AS (
            OR (written.type, written.limit_slot) IN (
                   SELECT ls.type, ls.slot FROM rota.job_limit_slot AS ls WHERE ls.held_back))
 )
-SELECT id, attempts, status FROM written LEFT JOIN woken ON true
+SELECT id, claims, status FROM written LEFT JOIN woken ON true
 
 -- name: running_of_worker
 -- A worker's running rows: few (its slots and a batch claimed ahead), found
 -- among the running rows only (job_running_idx).
-SELECT id, attempts FROM rota.job WHERE status = 'running' AND locked_by = %(worker)s
+SELECT id, attempts, claims FROM rota.job WHERE status = 'running' AND locked_by = %(worker)s
 
 -- name: job_states
-SELECT id, status, locked_by, attempts FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
+SELECT id, status, locked_by, attempts, claims FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 
 -- name: reap_expired
 -- Give expired leases back: ready again after the job's backoff (the attempt

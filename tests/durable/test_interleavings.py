@@ -21,8 +21,9 @@ SUSPEND = "SELECT rota.suspend(%s, 1, 'w', %s, %s, %s, %s::bigint[], NULL, NULL)
 
 def _running_job(conn: Any, parent: int | None = None) -> int:
     found = conn.execute(
-        "INSERT INTO rota.job (type, status, locked_by, locked_until, attempts, run_at, parent_id)"
-        " VALUES ('t', 'running', 'w', now() + interval '1 hour', 1, now(), %s) RETURNING id",
+        "INSERT INTO rota.job (type, status, locked_by, locked_until, attempts, claims, run_at,"
+        " parent_id) VALUES ('t', 'running', 'w', now() + interval '1 hour', 1, 1, now(), %s)"
+        " RETURNING id",
         (parent,),
     ).fetchone()
     return int(found["id"])
@@ -103,7 +104,7 @@ def test_a_parent_suspending_before_its_last_child_ends_is_woken(conn, db_url) -
     assert row(conn, parent)["status"] == "ready"
 
 
-SLEEP = {"job": None, "attempt": 1, "worker": "w", "name": "sleep:1", "kind": "sleep",
+SLEEP = {"job": None, "claim": 1, "worker": "w", "name": "sleep:1", "kind": "sleep",
          "key": None, "children": None, "seconds": 3600, "now": None}  # fmt: skip
 """The parameters of a run's suspend statement (rota/sql/durable.sql), for a sleep."""
 

@@ -201,7 +201,8 @@ def test_leases_and_retries_of_rows_past_the_limits_are_written(
         {"type": "old.timeout", "status": "ready", "attempts": 1},
     ]
     (blank,) = conn.execute("SELECT id FROM rota.job WHERE type = ' '").fetchall()
-    retry = Attempt(blank["id"], 1, Outcome.RETRY, delay=5.0, error="boom")
+    conn.execute("UPDATE rota.job SET claims = 1 WHERE id = %s", (blank["id"],))
+    retry = Attempt(blank["id"], 1, Outcome.RETRY, delay=5.0, error="boom", claim=1)
     assert write_outcomes(conn, "w", [retry]) == {(blank["id"], 1): Status.READY}
 
 
@@ -223,9 +224,11 @@ def test_an_expired_lease_and_a_retry_pass_over_errors_of_another_shape(
     rows = conn.execute("SELECT status, errors FROM rota.job ORDER BY id").fetchall()
     assert [r["status"] for r in rows] == ["ready"] * 4
     assert [len(r["errors"]) for r in rows] == [1] * 4  # the lease's expiry, kept alone
-    conn.execute("UPDATE rota.job SET status = 'running', attempts = 2, locked_by = 'w'")
+    conn.execute(
+        "UPDATE rota.job SET status = 'running', attempts = 2, claims = 2, locked_by = 'w'"
+    )
     conn.execute("UPDATE rota.job SET errors = '{\"x\": 1}' WHERE id = %s", (ordinary,))
-    retry = Attempt(ordinary, 2, Outcome.RETRY, delay=5.0, error="boom")
+    retry = Attempt(ordinary, 2, Outcome.RETRY, delay=5.0, error="boom", claim=2)
     assert write_outcomes(conn, "w", [retry]) == {(ordinary, 2): Status.READY}
 
 

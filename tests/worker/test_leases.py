@@ -213,3 +213,51 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
         worker.stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_a_run_given_back_uncounted_and_claimed_again_does_not_end_its_new_run(
+    conn, db_url
+) -> None:
+    """The same shape with a step stored first: the reaper gives the attempt back
+    uncounted, so the same worker's next claim is attempt 1 again. The old run's
+    late return must not end the job under the new run's lease."""
+    job_id = rota.enqueue(conn, "sticky")
+    release = [threading.Event(), threading.Event()]
+    started: list[int] = []
+
+    def sticky(job: Job, ctx: rota.Context) -> dict[str, int]:
+        run = len(started)
+        started.append(job.attempts)
+        ctx.step(f"s{run}", lambda: run)
+        release[run].wait(60)  # ignores job.cancelled on purpose
+        return {"run": run}
+
+    handler = Handler("sticky", sticky, is_async=False, wants_context=True)
+    settings = WorkerSettings(
+        concurrency=2, lease_seconds=3, run_reaper=False, run_scheduler=False,
+        poll_interval_seconds=0.2,
+    )  # fmt: skip
+    worker = Worker(db_url, settings, handlers={"sticky": handler})
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        steps = "SELECT count(*) AS n FROM rota.job_step"
+        wait_for(lambda: conn.execute(steps).fetchone()["n"] == 1, what="the first run's step")
+        conn.execute("UPDATE rota.job SET locked_until = now() - interval '1 second'")
+        assert Reaper().run_once(conn).requeued == [job_id]
+        wait_for(lambda: started == [1, 1], what="a second run at attempt 1 in the same worker")
+        release[0].set()  # the old run returns late
+        wait_for(lambda: conn.execute(steps).fetchone()["n"] == 2, what="the new run's step")
+        wait_for(lambda: worker.attempts.running == [] or all(
+            e.key == (job_id, 2) for e in worker.attempts.running
+        ), what="the old run to be settled")  # fmt: skip
+        assert row(conn, job_id)["status"] == "running"
+        release[1].set()
+        wait_for(lambda: row(conn, job_id)["status"] == "done", what="the job to be done")
+        assert rota.result(conn, job_id) == (rota.Status.DONE, {"run": 1})
+    finally:
+        release[0].set()
+        release[1].set()
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()

@@ -55,7 +55,7 @@ def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_u
     buffer, settled = _buffer(batch_size=3)
     outcomes = [Outcome.DONE, Outcome.RETRY, Outcome.DONE, Outcome.DONE]
     records = [
-        _ended(buffer, jobs[i], Attempt(i, 1, outcome, delay=60, error="boom", type="t"))
+        _ended(buffer, jobs[i], Attempt.of(jobs[i], outcome, 60, "boom", type="t"))
         for i, outcome in zip(ids, outcomes, strict=True)
     ]
 
@@ -83,7 +83,7 @@ def test_an_outcome_the_database_refuses_holds_back_no_other(conn, db_url, io) -
     for job_id in ids:
         # Built by hand: describe_error would have shown the NUL as \x00.
         error = "bad\x00byte" if job_id == ids[1] else "boom"
-        _ended(buffer, jobs[job_id], Attempt(job_id, 1, Outcome.RETRY, 60, error, "t"))
+        _ended(buffer, jobs[job_id], Attempt.of(jobs[job_id], Outcome.RETRY, 60, error, type="t"))
 
     async def write_all() -> None:
         link = Link(db_url, "flush", io)

@@ -130,9 +130,9 @@ def test_a_return_value_comes_back_from_a_child_process(conn, db_url, tmp_path) 
 
 def _attempt(conn: Any, job_id: int, n: int, outcome: Outcome, error: str | None) -> None:
     (job,) = claims.claim(conn, "w", 1, 30, now=T0 + timedelta(minutes=n))
-    assert (job.id, job.attempts) == (job_id, n)
+    assert (job.id, job.attempts, job.claims) == (job_id, n, n)
     written = claims.write_outcomes(
-        conn, "w", [Attempt(job_id, n, outcome, 0, error)], now=T0 + timedelta(minutes=n)
+        conn, "w", [Attempt.of(job, outcome, 0, error)], now=T0 + timedelta(minutes=n)
     )
     assert written
 
@@ -166,11 +166,11 @@ def test_the_archive_keeps_result_errors_and_group(conn) -> None:
     job_id = rota.enqueue(conn, "t", now=T0)
     conn.execute("UPDATE rota.job SET group_key = 'tenant-1' WHERE id = %s", (job_id,))
     _attempt(conn, job_id, 1, Outcome.RETRY, "ValueError: first")
-    (_job,) = claims.claim(conn, "w", 1, 30, now=T0 + timedelta(minutes=5))
+    (job,) = claims.claim(conn, "w", 1, 30, now=T0 + timedelta(minutes=5))
     claims.write_outcomes(
         conn,
         "w",
-        [Attempt(job_id, 2, Outcome.DONE, result=json.dumps({"total": 3}))],
+        [Attempt.of(job, Outcome.DONE, result=json.dumps({"total": 3}))],
         now=T0 + timedelta(minutes=5),
     )
     moved = Archiver(ArchiveSettings(done_retention_seconds=0)).run_once(
@@ -186,10 +186,8 @@ def test_the_archive_keeps_result_errors_and_group(conn) -> None:
 def test_rota_jobs_show_prints_the_result_and_the_errors(conn, db_url) -> None:
     job_id = int(rota_cli(db_url, "enqueue", "t", "--group", "tenant-1").stdout)
     _attempt(conn, job_id, 1, Outcome.RETRY, "ValueError: first")
-    claims.claim(conn, "w", 1, 30, now=T0 + timedelta(minutes=5))
-    claims.write_outcomes(
-        conn, "w", [Attempt(job_id, 2, Outcome.DONE, result='{"id":"abc"}')], now=T0
-    )
+    (job,) = claims.claim(conn, "w", 1, 30, now=T0 + timedelta(minutes=5))
+    claims.write_outcomes(conn, "w", [Attempt.of(job, Outcome.DONE, result='{"id":"abc"}')], now=T0)
     shown = json.loads(rota_cli(db_url, "jobs", "show", str(job_id), "--json").stdout)
     assert shown["result"] == {"id": "abc"}
     assert [(e["attempt"], e["error"]) for e in shown["errors"]] == [(1, "ValueError: first")]

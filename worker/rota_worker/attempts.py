@@ -39,7 +39,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 
-from rota.attempt import Attempt, Key, Lease
+from rota.attempt import Attempt, Key, Lease, key_of
 from rota.jobs import Job
 
 log = logging.getLogger("rota.worker")
@@ -149,6 +149,11 @@ class Execution:
 
     @property
     def key(self) -> Key:
+        return key_of(self.job)
+
+    @property
+    def id_and_attempt(self) -> tuple[int, int]:
+        """(job id, attempt number), as the logs name an attempt."""
         return (self.job.id, self.job.attempts)
 
     def stop(self, why: Event) -> None:
@@ -264,17 +269,19 @@ class Attempts:
         """On the event loop: a renewal of `records` extended `leases`. The others lost
         their lease; those whose job somebody asked to cancel are stopped too;
         `unknown` keys were not renewed this time (refused), and are left alone."""
-        kept = {(lease.job_id, lease.attempts): lease for lease in leases}
+        kept = {(lease.job_id, lease.claim): lease for lease in leases}
         for record in records:
             if record not in self._held or record.key in unknown:
                 continue  # settled meanwhile, or not known this time
             lease = kept.get(record.key)
             if lease is None:
                 if record.state in SLOTTED:
-                    log.warning("job %s attempt %s: lease lost; stopping it", *record.key)
+                    log.warning(
+                        "job %s attempt %s: lease lost; stopping it", *record.id_and_attempt
+                    )
                 self.dispatch(record, Event.LEASE_LOST)
             elif lease.cancel_requested and record.state is not E:
-                log.info("job %s: cancel requested; stopping attempt %s", *record.key)
+                log.info("job %s: cancel requested; stopping attempt %s", *record.id_and_attempt)
                 self.dispatch(record, Event.CANCEL)
 
     # -- views --------------------------------------------------------------------
@@ -316,7 +323,7 @@ class Attempts:
 
 
 def _illegal(record: Execution, event: Event) -> bool:
-    job_id, attempt = record.key
+    job_id, attempt = record.id_and_attempt
     message = f"job {job_id} attempt {attempt}: illegal move {record.state} by {event}"
     if STRICT:
         raise IllegalMove(message)

@@ -115,8 +115,9 @@ async def run_attempt(
         duration = time.perf_counter() - started
         if outcome is None:  # the common case, built once with its type and duration
             attempt = Attempt(
-                job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, duration, result
-            )
+                job.id, job.attempts, Outcome.DONE, 0.0, None, job.type, duration, result,
+                job.claims,
+            )  # fmt: skip
         else:
             attempt = dataclasses.replace(outcome, type=job.type, duration_seconds=duration)
         if span is not None:
@@ -129,9 +130,8 @@ def raised_cancel(job: Job, exc: BaseException, backoff: BackoffSettings) -> Att
     ordinary failure (a retry, counted), with a last_error that says so."""
     frames = describe_error(exc).partition("\n")[2]
     error = "CancelledError: the handler raised it itself (nothing asked it to stop)"
-    return Attempt(
-        job.id,
-        job.attempts,
+    return Attempt.of(
+        job,
         Outcome.RETRY,
         backoff_seconds(job.attempts, backoff),
         f"{error}\n{frames}" if frames else error,
@@ -149,43 +149,41 @@ def stopped_outcome(
     if why is Event.CANCEL:
         return cancelled_by_request(job)
     if why is Event.LEASE_LOST:
-        return Attempt(job.id, job.attempts, Outcome.LEASE_LOST)
+        return Attempt.of(job, Outcome.LEASE_LOST)
     if why is Event.SHUTDOWN:
-        return Attempt(job.id, job.attempts, Outcome.RELEASED, error="Released: worker shut down")
+        return Attempt.of(job, Outcome.RELEASED, error="Released: worker shut down")
     if why is Event.NO_SLOT:
-        return Attempt(job.id, job.attempts, Outcome.RELEASED)
+        return Attempt.of(job, Outcome.RELEASED)
     if why is Event.UNREADABLE:
         error = job.payload.error if isinstance(job.payload, Unreadable) else "unreadable row"
-        return Attempt(job.id, job.attempts, Outcome.DEAD, error=error)
+        return Attempt.of(job, Outcome.DEAD, error=error)
     if why is Event.TIMEOUT:
         limit = execution.timeout_seconds
         error = f"Timeout: the attempt ran longer than its {limit or 0:g}s limit"
     else:  # the handler raised Cancelled on its own
         error = f"Cancelled: job {job.id} stopped itself"
-    return Attempt(
-        job.id, job.attempts, Outcome.RETRY, backoff_seconds(job.attempts, backoff), error
-    )
+    return Attempt.of(job, Outcome.RETRY, backoff_seconds(job.attempts, backoff), error)
 
 
 def cancelled_by_request(job: Job) -> Attempt:
     """The outcome of an attempt that ended because somebody cancelled its job."""
-    return Attempt(job.id, job.attempts, Outcome.CANCELLED, error="Cancelled: by request")
+    return Attempt.of(job, Outcome.CANCELLED, error="Cancelled: by request")
 
 
 def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> Attempt:
     """What a handler's exception means for its job."""
     if isinstance(exc, Suspended):  # the run wrote the job waiting: nothing to write
-        return Attempt(job.id, job.attempts, Outcome.WAITING)
+        return Attempt.of(job, Outcome.WAITING)
     if isinstance(exc, CancelRequested):  # in a child process (see `stopped_outcome`)
         return cancelled_by_request(job)
     if isinstance(exc, Permanent):
-        return Attempt(job.id, job.attempts, Outcome.FAILED, error=describe_error(exc))
+        return Attempt.of(job, Outcome.FAILED, error=describe_error(exc))
     if db.is_unavailable(exc) and job.releases < MAX_RELEASES:
         delay = min(OUTAGE_RETRY_SECONDS * 2**job.releases, OUTAGE_RETRY_MAX_SECONDS)
         log.warning(
             "job %s: database unavailable under the handler; given back for %.0fs", job.id, delay
         )
-        return Attempt(job.id, job.attempts, Outcome.RELEASED, delay, describe_error(exc))
+        return Attempt.of(job, Outcome.RELEASED, delay, describe_error(exc))
     if isinstance(exc, Retry) and exc.delay is not None:
         delay = exc.delay
     else:
@@ -193,4 +191,4 @@ def outcome_of_error(job: Job, exc: BaseException, backoff: BackoffSettings) -> 
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         # A handler must not stop the worker; treat it as an ordinary failure.
         log.error("job %s: handler raised %s", job.id, type(exc).__name__)
-    return Attempt(job.id, job.attempts, Outcome.RETRY, delay, error=describe_error(exc))
+    return Attempt.of(job, Outcome.RETRY, delay, error=describe_error(exc))

@@ -16,9 +16,7 @@ import logging
 from collections.abc import Callable
 
 from rota import claim as claims
-from rota.attempt import Attempt
 from rota.errors import DatabaseError, DatabaseUnavailable
-from rota.jobs import Outcome
 from rota_worker.attempts import Attempts
 from rota_worker.link import Link
 
@@ -75,11 +73,7 @@ class LostClaim:
         try:
             await self._no_claim_in_flight.wait()
             running = await link.run(claims.running_of, self.worker_id)
-            lost = [
-                Attempt(job_id, attempts, Outcome.RELEASED)
-                for job_id, attempts in running
-                if not self.attempts.holds((job_id, attempts))
-            ]
+            lost = [attempt for attempt in running if not self.attempts.holds(attempt.key)]
             if lost:
                 written = await link.run(claims.write_outcomes, self.worker_id, lost)
                 log.warning(

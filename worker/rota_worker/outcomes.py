@@ -206,7 +206,7 @@ class OutcomeBuffer:
                 row is not None
                 and row["status"] == Status.DONE
                 and row["locked_by"] == self.worker_id
-                and row["attempts"] == attempt.attempts
+                and row["claims"] == attempt.claim
             )
             if not self_completed:
                 lost.add(attempt.key)

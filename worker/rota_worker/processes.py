@@ -133,7 +133,7 @@ def _child_main(
             reply: Attempt | None = None
             if value is not None:
                 result = limits.encode_result(value)
-                reply = Attempt(job.id, job.attempts, Outcome.DONE, result=result)
+                reply = Attempt.of(job, Outcome.DONE, result=result)
         except BaseException as exc:
             reply = outcome_of_error(job, exc, backoff)
         current.clear()

@@ -192,7 +192,7 @@ class Slots:
             if record.state is State.RUNNING:  # one already stopping ends as its stop says
                 log.warning(
                     "job %s attempt %s did not finish within the grace period; given back",
-                    *record.key,
+                    *record.id_and_attempt,
                 )
             self.attempts.stop(record, Event.SHUTDOWN)
         stopped = self._tasks()
@@ -213,7 +213,7 @@ class Slots:
                 log.error(
                     "job %s attempt %s: its handler ignores its cancellation;"
                     " given back, its task left behind",
-                    *record.key,
+                    *record.id_and_attempt,
                 )
                 self.attempts.dispatch(record, Event.FINISHED)  # the stop decides
         self.outcomes.wake.set()
@@ -246,7 +246,9 @@ class Slots:
         try:
             outcome = await run_attempt(record, handler, self.context, self.run_sync, backoff)
         except Exception as exc:  # a fault of the worker's own: the slot must not be lost
-            log.exception("job %s attempt %s: the attempt failed outside its handler", *record.key)
+            log.exception(
+                "job %s attempt %s: the attempt failed outside its handler", *record.id_and_attempt
+            )
             failed = outcome_of_error(record.job, exc, backoff)
             outcome = dataclasses.replace(failed, type=record.job.type)
         if record.state not in (State.RUNNING, State.STOPPING):
