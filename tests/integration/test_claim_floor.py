@@ -68,9 +68,7 @@ def _claimed_beside_a_held_snapshot(
         jobs = claims.claim(c, WORKER, 100, 30.0, ["t"], since=since, limited_since=limited)
         assert len(jobs) == 100
         floor.claimed(jobs, generation)
-        claims.write_outcomes(
-            c, WORKER, [claims.Attempt(j.id, j.attempts, rota.Outcome.DONE) for j in jobs]
-        )
+        claims.write_outcomes(c, WORKER, [claims.Attempt.of(j, rota.Outcome.DONE) for j in jobs])
     return floor
 
 
@@ -250,9 +248,7 @@ def limited_floor(conn: psycopg.Connection[Any]) -> tuple[Floor, list[int], list
 
 
 def _finish(conn: psycopg.Connection[Any], jobs: list[Any]) -> None:
-    claims.write_outcomes(
-        conn, WORKER, [claims.Attempt(j.id, j.attempts, rota.Outcome.DONE) for j in jobs]
-    )
+    claims.write_outcomes(conn, WORKER, [claims.Attempt.of(j, rota.Outcome.DONE) for j in jobs])
 
 
 def _limited_claim(conn: psycopg.Connection[Any], floor: Floor) -> list[Any]:

@@ -27,7 +27,7 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def finish(conn: psycopg.Connection[Any], jobs: list[Job], worker: str = "w") -> None:
-    write_outcomes(conn, worker, [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+    write_outcomes(conn, worker, [Attempt.of(j, Outcome.DONE) for j in jobs])
 
 
 def running(conn: psycopg.Connection[Any], job_type: str) -> int:
@@ -118,7 +118,7 @@ def test_concurrency_binds_claims_and_a_finished_job_frees_its_slot(
     assert {(r["status"], r["attempts"]) for r in held} == {("ready", 0)}
     finish(conn, first[:1], "w1")
     statuses, more = write_and_claim(
-        conn, "w1", [Attempt(j.id, j.attempts, Outcome.DONE) for j in first[1:]], 10, 30
+        conn, "w1", [Attempt.of(j, Outcome.DONE) for j in first[1:]], 10, 30
     )
     assert len(statuses) == 2
     assert len(more) == 3  # the outcomes written in the claim's transaction free their slots
@@ -305,7 +305,7 @@ def test_a_lowered_concurrency_counts_every_running_job_until_the_slots_fit(db_u
         assert len(first) == 8
         rota.set_limit(c, "payment", concurrency=2)
         assert claim(c, "w2", 10, 30) == []
-        write_outcomes(c, "w1", [Attempt(j.id, j.attempts, Outcome.DONE) for j in first[:7]])
+        write_outcomes(c, "w1", [Attempt.of(j, Outcome.DONE) for j in first[:7]])
         assert len(claim(c, "w2", 10, 30)) == 1  # 2 - the one still running
         assert claim(c, "w2", 10, 30) == []
 
@@ -368,7 +368,7 @@ def test_the_path_of_one_row_puts_each_job_in_a_slot_with_room(db_url: str) -> N
             " GROUP BY limit_slot ORDER BY limit_slot"
         ).fetchall()
         assert {r["limit_slot"]: r["n"] for r in slots} == {0: 3, 1: 3, 2: 2, None: 2}
-        write_outcomes(c, "w1", [Attempt(j.id, j.attempts, Outcome.DONE) for j in before])
+        write_outcomes(c, "w1", [Attempt.of(j, Outcome.DONE) for j in before])
         assert len(claim(c, "w3", 20, 30)) == 2  # on slots now: the two freed
         assert claim(c, "w3", 20, 30) == []
 
@@ -494,9 +494,9 @@ def test_an_outcome_that_frees_a_limited_slot_wakes_idle_workers(db_url: str) ->
         rota.set_limit(c, "payment", concurrency=1)
         list(listener.notifies(timeout=0.5, stop_after=10))  # the limit's
         jobs = {j.type: j for j in claim(c, "w", 10, 30)}
-        write_outcomes(c, "w", [Attempt(jobs["other"].id, 1, Outcome.DONE)])
+        write_outcomes(c, "w", [Attempt(jobs["other"].id, 1, Outcome.DONE, claim=1)])
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []  # unlimited: no wake
-        write_outcomes(c, "w", [Attempt(jobs["payment"].id, 1, Outcome.DONE)])
+        write_outcomes(c, "w", [Attempt(jobs["payment"].id, 1, Outcome.DONE, claim=1)])
         assert len(list(listener.notifies(timeout=30, stop_after=1))) == 1
 
 

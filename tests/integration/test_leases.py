@@ -142,7 +142,7 @@ def test_a_heartbeat_and_an_outcome_batch_of_the_same_rows_never_deadlock(
     heartbeat = threading.Thread(
         target=run, args=(lambda own: claims.extend_leases(own, "w", [(a, 1), (b, 1), (c, 1)], 30),)
     )
-    batch = [Attempt(job_id, 1, Outcome.DONE) for job_id in (c, b, a)]
+    batch = [Attempt(job_id, 1, Outcome.DONE, claim=1) for job_id in (c, b, a)]
     outcomes = threading.Thread(
         target=run, args=(lambda own: claims.write_outcomes(own, "w", batch),)
     )
@@ -177,11 +177,11 @@ def test_outcomes(conn: psycopg.Connection[Any]) -> None:
         conn,
         "w",
         [
-            Attempt(ids[0], 1, Outcome.DONE),
-            Attempt(ids[1], 1, Outcome.FAILED, error="Permanent: bad payload"),
-            Attempt(ids[2], 1, Outcome.RETRY, 10, "ValueError: x"),
-            Attempt(ids[3], 1, Outcome.RETRY, 10, "ValueError: y"),
-            Attempt(ids[4], 1, Outcome.RELEASED, 0, "Released: worker shut down"),
+            Attempt(ids[0], 1, Outcome.DONE, claim=1),
+            Attempt(ids[1], 1, Outcome.FAILED, error="Permanent: bad payload", claim=1),
+            Attempt(ids[2], 1, Outcome.RETRY, 10, "ValueError: x", claim=1),
+            Attempt(ids[3], 1, Outcome.RETRY, 10, "ValueError: y", claim=1),
+            Attempt(ids[4], 1, Outcome.RELEASED, 0, "Released: worker shut down", claim=1),
         ],
         now=at(5),
     )
@@ -210,7 +210,7 @@ def test_a_job_that_goes_dead_keeps_the_time_it_was_due(conn: psycopg.Connection
     ids = rota.enqueue_many(conn, [rota.NewJob("t", max_attempts=1) for _ in range(2)], now=T0)
     claims.claim(conn, "w", 10, 30, now=at(0))
     written = claims.write_outcomes(
-        conn, "w", [Attempt(ids[0], 1, Outcome.RETRY, 10, "ValueError: x")], now=at(5)
+        conn, "w", [Attempt(ids[0], 1, Outcome.RETRY, 10, "ValueError: x", claim=1)], now=at(5)
     )
     assert list(written.values()) == ["dead"]
     assert Reaper().run_once(conn, now=at(31)).dead == [ids[1]]
@@ -230,7 +230,7 @@ def test_errors_and_delays_of_any_spelling_are_written_as_given(
     claims.claim(conn, "w", 100, 30, now=at(0))
     delays = [0.25 * i + 1e-05 for i in range(len(ids))]
     batch = [
-        Attempt(job_id, 1, Outcome.RETRY, delay, error)
+        Attempt(job_id, 1, Outcome.RETRY, delay, error, claim=1)
         for job_id, delay, error in zip(ids, delays, ODD_ERRORS, strict=True)
     ]
     claims.write_and_claim(conn, "w", batch, 1, 30, now=at(5))
@@ -247,9 +247,14 @@ def test_a_late_finisher_whose_lease_was_taken_changes_nothing(
     Reaper().run_once(conn, now=at(31))
     [again] = claims.claim(conn, "fast", 1, 30, now=at(33))
     assert again.attempts == 2
-    assert claims.write_outcomes(conn, "slow", [Attempt(job_id, 1, Outcome.DONE)], now=at(40)) == {}
+    assert (
+        claims.write_outcomes(conn, "slow", [Attempt(job_id, 1, Outcome.DONE, claim=1)], now=at(40))
+        == {}
+    )
     assert row(conn, job_id)["status"] == "running"
-    assert claims.write_outcomes(conn, "fast", [Attempt(job_id, 2, Outcome.DONE)], now=at(41))
+    assert claims.write_outcomes(
+        conn, "fast", [Attempt(job_id, 2, Outcome.DONE, claim=2)], now=at(41)
+    )
     assert row(conn, job_id)["status"] == "done"
 
 
@@ -299,7 +304,8 @@ def test_dead_jobs_come_back_with_fresh_attempts(conn: psycopg.Connection[Any]) 
     claims.write_outcomes(
         conn,
         "w",
-        [Attempt(i, 1, Outcome.RETRY, 1, "boom") for i in (a, b)] + [Attempt(c, 1, Outcome.DONE)],
+        [Attempt(i, 1, Outcome.RETRY, 1, "boom", claim=1) for i in (a, b)]
+        + [Attempt(c, 1, Outcome.DONE, claim=1)],
         now=at(1),
     )
     assert retry_dead(conn, [a, c], now=at(2)) == [a]

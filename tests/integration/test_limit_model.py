@@ -103,7 +103,7 @@ class LimitedClaims(RuleBasedStateMachine):
             st.lists(st.sampled_from(running), max_size=4, unique_by=lambda r: r["id"])
         )
         for row in done:
-            attempt = Attempt(row["id"], row["attempts"], Outcome.DONE)
+            attempt = Attempt(row["id"], row["attempts"], Outcome.DONE, claim=row["attempts"])
             write_outcomes(self.conn, row["locked_by"], [attempt], now=self.now)
 
     @rule(seconds=st.sampled_from([1, 20, 45]))

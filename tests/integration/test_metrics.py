@@ -114,7 +114,7 @@ def test_done_count_follows_every_way_in_and_out_of_done(conn):
     jobs = claims.claim(conn, "w", 3, 30.0, now=NOW)
     outcomes = [Outcome.DONE, Outcome.DONE, Outcome.FAILED]
     written = claims.write_outcomes(
-        conn, "w", [Attempt(j.id, j.attempts, o) for j, o in zip(jobs, outcomes, strict=True)]
+        conn, "w", [Attempt.of(j, o) for j, o in zip(jobs, outcomes, strict=True)]
     )
     assert sorted(written.values()) == [Status.DONE, Status.DONE, Status.FAILED]
     assert done() == {"email": 2, "sms": 1}
@@ -157,7 +157,7 @@ def test_done_counts_are_appended_never_updated_in_place(conn):
     with conn.transaction():  # the counters read below are this transaction's
         for _ in range(3):
             jobs = claims.claim(conn, "w", 2, 30.0, now=NOW)
-            done = [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs]
+            done = [Attempt.of(j, Outcome.DONE) for j in jobs]
             claims.write_outcomes(conn, "w", done)
         add_job(conn, "email", "done")
         conn.execute("DELETE FROM rota.job WHERE id = (SELECT min(id) FROM rota.job)")

@@ -124,7 +124,7 @@ def test_outcome_statement_reaches_each_job_by_primary_key(crowded: str) -> None
         for _ in range(RUNS):
             keys = _claimed(c)
             written = claims.write_outcomes(
-                c, WORKER, [Attempt(i, n, Outcome.DONE) for i, n in keys]
+                c, WORKER, [Attempt(i, n, Outcome.DONE, claim=n) for i, n in keys]
             )
             assert len(written) == BATCH
         _assert_keyed(_generic_plan(c, "write_outcomes"))
@@ -193,17 +193,17 @@ def test_large_batches_of_outcomes_and_heartbeats_reach_their_rows_by_primary_ke
     # sequential scan of the table that rescanned the batch for every row it
     # found: 70 ms for 500 outcomes instead of 6.
     with psycopg.connect(backlog, autocommit=True, row_factory=dict_row) as c:
-        keys = [(j.id, j.attempts) for j in claims.claim(c, WORKER, batch, 30.0, None)]
+        keys = [(j.id, j.claims) for j in claims.claim(c, WORKER, batch, 30.0, None)]
         assert len(keys) == batch
         outcome = {
-            "ids": [i for i, _ in keys], "attempts": [n for _, n in keys],
+            "ids": [i for i, _ in keys], "claims": [n for _, n in keys],
             "outcomes": ["done"] * batch, "delays": [0.0] * batch, "errors": [None] * batch,
             "results": None, "worker": WORKER, "now": None,
         }  # fmt: skip
         plan = _custom_plan(c, "write_outcomes", outcome)
         _assert_keyed(plan)
         assert plan["Actual Rows"] == batch
-        heartbeat = {k: outcome[k] for k in ("ids", "attempts", "worker", "now")}
+        heartbeat = {k: outcome[k] for k in ("ids", "claims", "worker", "now")}
         plan = _custom_plan(c, "extend_leases", {**heartbeat, "lease": 30.0})
         _assert_keyed(plan)
         assert plan["Actual Rows"] == batch
@@ -286,7 +286,7 @@ def test_outcomes_and_the_next_claim_commit_together(conn) -> None:
     rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(5)])
     first = claims.claim(conn, WORKER, 3, 30.0)
     conn.execute("UPDATE rota.job SET locked_by = 'thief' WHERE id = %s", (first[2].id,))
-    attempts = [Attempt(j.id, j.attempts, Outcome.DONE) for j in first]
+    attempts = [Attempt.of(j, Outcome.DONE) for j in first]
     written, jobs = claims.write_and_claim(conn, WORKER, attempts, 10, 30.0)
     assert set(written) == {(j.id, j.attempts) for j in first[:2]}  # the stolen one is not
     assert len(jobs) == 2 and all(j.locked_by == WORKER for j in jobs)
@@ -297,7 +297,7 @@ def test_outcomes_and_the_next_claim_commit_together(conn) -> None:
 def test_a_failed_claim_writes_none_of_the_outcomes_it_carried(conn) -> None:
     rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
     first = claims.claim(conn, WORKER, 2, 30.0)
-    attempts = [Attempt(j.id, j.attempts, Outcome.DONE) for j in first]
+    attempts = [Attempt.of(j, Outcome.DONE) for j in first]
     with pytest.raises(DatabaseError):
         claims.write_and_claim(conn, WORKER, attempts, -1, 30.0)  # LIMIT -1 is refused
     with conn.cursor(row_factory=tuple_row) as cur:
@@ -322,7 +322,7 @@ def test_the_steady_claim_runs_its_generic_plan_within_its_own_transaction(backl
         for _ in range(RUNS):
             _, jobs = claims.write_and_claim(c, WORKER, pending, BATCH, 30.0, ["bench.noop"])
             assert len(jobs) == BATCH
-            pending = [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs]
+            pending = [Attempt.of(j, Outcome.DONE) for j in jobs]
         steady = _prepared(c, "WITH limited AS MATERIALIZED")
         assert steady["custom_plans"] == left_alone["custom_plans"], steady
         assert steady["generic_plans"] >= 1, steady

@@ -105,7 +105,7 @@ def test_a_granted_role_runs_workers_schedulers_reapers_and_the_console(
         (job,) = claim.claim(conn, "w1", 1, 30, types=["direct"])
         leases = claim.extend_leases(conn, "w1", [(job.id, job.attempts)], 30)
         assert [lease.job_id for lease in leases] == [job_id]
-        written = claim.write_outcomes(conn, "w1", [Attempt(job.id, job.attempts, Outcome.DONE)])
+        written = claim.write_outcomes(conn, "w1", [Attempt.of(job, Outcome.DONE)])
         assert list(written.values()) == [Status.DONE]
 
         # A lease that ran out is reaped.

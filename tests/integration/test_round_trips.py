@@ -85,7 +85,7 @@ def test_a_workers_hot_statements_are_one_round_trip_each(db_url: str) -> None:
         with round_trips(conn) as made:
             [first] = claims.claim(conn, "w", 1, 30)
         assert made == [1]
-        done = [Attempt(first.id, first.attempts, Outcome.DONE)]
+        done = [Attempt.of(first, Outcome.DONE)]
         with round_trips(conn) as made:
             written, [second] = claims.write_and_claim(conn, "w", done, 1, 30)
         assert made == [1] and list(written) == [(first.id, 1)]
@@ -93,7 +93,7 @@ def test_a_workers_hot_statements_are_one_round_trip_each(db_url: str) -> None:
             [lease] = claims.extend_leases(conn, "w", {(second.id, 1)}, 30)
         assert made == [1] and lease.job_id == second.id
         with round_trips(conn) as made:
-            claims.write_outcomes(conn, "w", [Attempt(second.id, 1, Outcome.DONE)])
+            claims.write_outcomes(conn, "w", [Attempt(second.id, 1, Outcome.DONE, claim=1)])
         assert made == [1]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
@@ -105,7 +105,7 @@ def test_a_failed_statement_of_a_round_trip_writes_nothing_and_leaves_no_setting
         [job_id] = rota.enqueue_many(conn, [rota.NewJob("t")])
         [held] = claims.claim(conn, "w", 1, 30)
         rota.enqueue(conn, "t")
-        done = [Attempt(held.id, held.attempts, Outcome.DONE)]
+        done = [Attempt.of(held, Outcome.DONE)]
         # The outcome is written first; then the claim fails on the server (a lease
         # past what an interval holds), in the same implicit transaction.
         with pytest.raises(rota.DatabaseError, match="interval out of range"):

@@ -52,7 +52,7 @@ def test_a_jobs_claim_and_outcome_stay_on_its_page_among_finished_jobs(db_url: s
         jobs = claim(c, "w", 50, 30)
         assert len(jobs) == 50
         claimed = _pages(c, ids)
-        write_outcomes(c, "w", [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+        write_outcomes(c, "w", [Attempt.of(j, Outcome.DONE) for j in jobs])
         finished = _pages(c, ids)
     stayed = sum(placed[i] == claimed[i] == finished[i] for i in ids)
     assert stayed >= 45, (stayed, placed, claimed, finished)
@@ -68,7 +68,7 @@ def test_a_claimed_and_finished_batch_stays_on_its_pages(db_url: str) -> None:
         jobs = claim(c, "w", 200, 30)
         assert len(jobs) == 200
         claimed = _pages(c, ids)
-        write_outcomes(c, "w", [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+        write_outcomes(c, "w", [Attempt.of(j, Outcome.DONE) for j in jobs])
         finished = _pages(c, ids)
     assert len(set(placed.values())) >= 4  # the batch filled several pages
     stayed = sum(placed[i] == claimed[i] == finished[i] for i in ids)
@@ -97,7 +97,7 @@ def test_a_claim_adds_no_entry_to_the_type_index(db_url: str) -> None:
         jobs = claim(c, "w", 40, 30)
         assert len(jobs) == 40
         assert _type_index_entries(c) == 40
-        write_outcomes(c, "w", [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+        write_outcomes(c, "w", [Attempt.of(j, Outcome.DONE) for j in jobs])
         assert _type_index_entries(c) == 80
         listed = lookup.list_jobs(c, job_type="report", limit=100)
     assert [j.id for j in listed] == sorted(ids, reverse=True)

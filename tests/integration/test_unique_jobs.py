@@ -82,7 +82,7 @@ def test_unique_for_gives_the_first_job_within_its_window(conn: psycopg.Connecti
 def test_unique_for_holds_even_after_the_job_finished(conn: psycopg.Connection[Any]) -> None:
     first = rota.enqueue(conn, "refresh", key="k", unique_for=3600, now=T0)
     [job] = claim(conn, "w", 1, 30, now=T0)
-    write_outcomes(conn, "w", [Attempt(job.id, job.attempts, Outcome.DONE)], now=T0)
+    write_outcomes(conn, "w", [Attempt.of(job, Outcome.DONE)], now=T0)
     assert rota.enqueue(conn, "refresh", key="k", unique_for=3600, now=T0) == first
 
 
@@ -91,7 +91,7 @@ def test_unique_active_holds_while_ready_or_running_only(conn: psycopg.Connectio
     assert rota.enqueue(conn, "sync", key="acct", unique_active=True) == first
     [job] = claim(conn, "w", 1, 30)
     assert rota.enqueue(conn, "sync", key="acct", unique_active=True) == first  # running
-    write_outcomes(conn, "w", [Attempt(job.id, job.attempts, Outcome.DONE)])
+    write_outcomes(conn, "w", [Attempt.of(job, Outcome.DONE)])
     second = rota.enqueue(conn, "sync", key="acct", unique_active=True)
     assert second != first
     assert count(conn, "status = 'ready'") == 1
@@ -241,7 +241,7 @@ async def test_async_enqueues_keep_unique_keys_as_the_sync_ones_do(db_url: str) 
         assert ids[0] == active and ids[2] == later and len(set(ids)) == 3
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as s:
         [job] = claim(s, "w", 1, 30, types=["sync"])
-        write_outcomes(s, "w", [Attempt(job.id, job.attempts, Outcome.DONE)])
+        write_outcomes(s, "w", [Attempt.of(job, Outcome.DONE)])
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
             assert await rota.enqueue_async(c, "sync", key="a", unique_active=True) != active
         assert count(s) == 5

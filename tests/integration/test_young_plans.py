@@ -56,12 +56,12 @@ def test_a_workers_plans_made_on_a_small_table_stay_keyed_as_it_grows(plans) -> 
         since, _, generation = floor.bounds()
         _, jobs = claims.write_and_claim(conn, "w", pending, 50, 30.0, ["t"], None, since)
         floor.claimed(jobs, generation)
-        pending = [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs]
+        pending = [Attempt.of(j, Outcome.DONE) for j in jobs]
 
     for _ in range(10):  # prepared and planned while the table is small
         turn()
         jobs = claims.claim(conn, "w", 1, 30.0, ["t"])
-        claims.write_outcomes(conn, "w", [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+        claims.write_outcomes(conn, "w", [Attempt.of(j, Outcome.DONE) for j in jobs])
     conn.execute(
         "INSERT INTO rota.job (type, status, finished_at, attempts)"
         " SELECT 't', 'done', now(), 1 FROM generate_series(1, 30000)"
@@ -70,6 +70,6 @@ def test_a_workers_plans_made_on_a_small_table_stay_keyed_as_it_grows(plans) -> 
     turn()
     rota.enqueue(conn, "t")
     jobs = claims.claim(conn, "w", 1, 30.0, ["t"])
-    claims.write_outcomes(conn, "w", [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+    claims.write_outcomes(conn, "w", [Attempt.of(j, Outcome.DONE) for j in jobs])
     assert len(reported) >= 5
     assert _scans_of_the_whole_table(reported) == []

@@ -108,7 +108,7 @@ def test_partial_index_keeps_keys_unique_and_holds_no_keyless_rows(conn: Conn) -
         _, jobs = write_and_claim(conn, "w1", pending, 2, 30, ["t"])
         if not jobs:
             break
-        pending = [Attempt(job.id, job.attempts, Outcome.DONE) for job in jobs]
+        pending = [Attempt.of(job, Outcome.DONE) for job in jobs]
     counts = conn.execute(
         "SELECT count(*) FILTER (WHERE status = 'done') AS done,"
         " count(idempotency_key) AS keyed FROM rota.job"

@@ -60,7 +60,9 @@ class Parts:
 
     def end(self, job_id: int, seconds: float = 0.001) -> None:
         (record,) = [r for r in self.attempts.running if r.job.id == job_id]
-        record.outcome = Attempt(job_id, 1, Outcome.DONE, type="t", duration_seconds=seconds)
+        record.outcome = Attempt(
+            job_id, 1, Outcome.DONE, type="t", duration_seconds=seconds, claim=1
+        )
         self.attempts.dispatch(record, Event.FINISHED)
 
     def stop(self) -> None:

@@ -293,7 +293,7 @@ class WorkerModel(RuleBasedStateMachine):
         gave the job back and another worker claimed it."""
         job_id, attempt = data.draw(st.sampled_from(sorted(self._held_in_database())))
         self.conn.execute(
-            "UPDATE rota.job SET attempts = attempts + 1, locked_by = %s,"
+            "UPDATE rota.job SET attempts = attempts + 1, claims = claims + 1, locked_by = %s,"
             " locked_until = now() + interval '1 hour' WHERE id = %s",
             (THIEF, job_id),
         )
@@ -303,17 +303,19 @@ class WorkerModel(RuleBasedStateMachine):
 
     def _held_in_database(self) -> set[tuple[int, int]]:
         rows = self.conn.execute(
-            "SELECT id, attempts FROM rota.job WHERE status = 'running' AND locked_by = %s",
+            "SELECT id, claims FROM rota.job WHERE status = 'running' AND locked_by = %s",
             (self.worker.worker_id,),
         ).fetchall()
-        return {(r["id"], r["attempts"]) for r in rows}
+        return {(r["id"], r["claims"]) for r in rows}
 
     @precondition(lambda self: bool(self.thief))
     @rule(data=st.data())
     def thief_finishes(self, data: st.DataObject) -> None:
         job_id = data.draw(st.sampled_from(sorted(self.thief)))
         attempt = self.thief.pop(job_id)
-        claims.write_outcomes(self.conn, THIEF, [Attempt(job_id, attempt, Outcome.DONE)])
+        claims.write_outcomes(
+            self.conn, THIEF, [Attempt(job_id, attempt, Outcome.DONE, claim=attempt)]
+        )
 
     @precondition(lambda self: bool(self.worker.attempts.snapshot()))
     @rule(data=st.data())
@@ -348,11 +350,11 @@ class WorkerModel(RuleBasedStateMachine):
         if fails:
             return
         renewed = self.conn.execute(
-            "SELECT id, attempts FROM rota.job WHERE locked_until > now() + interval '500 s'"
+            "SELECT id, claims FROM rota.job WHERE locked_until > now() + interval '500 s'"
             " AND locked_by = %s",
             (self.worker.worker_id,),
         ).fetchall()
-        assert before <= {(r["id"], r["attempts"]) for r in renewed}
+        assert before <= {(r["id"], r["claims"]) for r in renewed}
         assert not [e for e in self._live() if e.key in self.stolen], "a stolen attempt runs on"
 
     @precondition(lambda self: bool(self.worker.outcomes.pending))
@@ -369,7 +371,7 @@ class WorkerModel(RuleBasedStateMachine):
         rows = {
             r["id"]: r
             for r in self.conn.execute(
-                "SELECT id, status, locked_by, attempts FROM rota.job"
+                "SELECT id, status, locked_by, attempts, claims FROM rota.job"
             ).fetchall()
         }
         for execution in self._live():
@@ -378,7 +380,7 @@ class WorkerModel(RuleBasedStateMachine):
             if execution.key in self.stolen:
                 continue
             row = rows[execution.job.id]
-            assert (row["status"], row["locked_by"], row["attempts"]) == (
+            assert (row["status"], row["locked_by"], row["claims"]) == (
                 "running",
                 self.worker.worker_id,
                 execution.key[1],
