@@ -193,17 +193,6 @@ def _why_left(row: dict[str, Any]) -> str:
     return "left as it was"
 
 
-def _batches(conn: Conn, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run a capped batch statement until one changes fewer than BATCH_SIZE rows
-    (every row it matches changes and leaves what it matches); the rows changed."""
-    changed: list[dict[str, Any]] = []
-    while True:
-        rows = fetch_all(conn, sql.query(query), {**params, "limit": BATCH_SIZE})
-        changed += rows
-        if len(rows) < BATCH_SIZE:
-            return changed
-
-
 def retry_dead(
     conn_or_dsn: ConnOrDsn,
     ids: Sequence[int] = (),
@@ -242,37 +231,25 @@ def cancel_matching(
     if status is not None and status not in (Status.READY, Status.RUNNING, Status.WAITING):
         raise InvalidInput(f"only ready, running or waiting jobs can be cancelled, not {status}")
     limits.clock(now)
-    params = {"type": job_type, "now": now}
-    ended: list[dict[str, Any]] = []
-    requested: list[dict[str, Any]] = []
+    wanted = status.value if status is not None else None
+    stopped: set[int] = set()
+    asked: set[int] = set()
     with connection(conn_or_dsn) as conn:
-        if status in (None, Status.READY):
-            ended = _batches(conn, "cancel_ready_of_type", params)
-        if status in (None, Status.WAITING):
-            ended += _batches(conn, "cancel_waiting_of_type", params)
-        if status in (None, Status.RUNNING):
-            after = 0
-            while True:
-                query = sql.query("cancel_running_of_type")
-                batch = fetch_all(conn, query, {**params, "after": after, "limit": BATCH_SIZE})
-                requested += batch
-                if len(batch) < BATCH_SIZE:
-                    break
-                after = max(r["id"] for r in batch)
-        stopped = {r["id"] for r in ended}
-        asked = {r["id"] for r in requested}
-        # The children of those that have any, and theirs, as a cancel by id
-        # takes them along.
-        parents = [r["id"] for r in ended + requested if r["parent"]]
-        for start in range(0, len(parents), BATCH_SIZE):
-            family = _cancel(conn, parents[start : start + BATCH_SIZE], now)
-            stopped.update(family.ended)
-            asked.update(family.requested)
+        # The jobs to cancel, read at once; then cancelled by id in capped
+        # batches (their children, and theirs, with them), as `cancel` does.
+        params = {"type": job_type, "status": wanted}
+        ids = [r["id"] for r in fetch_all(conn, sql.query("cancellable_of_type"), params)]
+        for start in range(0, len(ids), BATCH_SIZE):
+            done = _cancel(conn, ids[start : start + BATCH_SIZE], now, wanted)
+            stopped.update(done.ended)
+            asked.update(done.requested)
     return CancelResult(ended=sorted(stopped), requested=sorted(asked))
 
 
-def _cancel(conn: Conn, ids: list[int], now: datetime | None) -> CancelResult:
-    params = {"ids": ids, "type": None, "status": None, "now": now}
+def _cancel(
+    conn: Conn, ids: list[int], now: datetime | None, status: str | None = None
+) -> CancelResult:
+    params = {"ids": ids, "status": status, "now": now}
     rows = fetch_all(conn, sql.query("cancel_jobs"), params)
     return CancelResult(
         ended=[r["id"] for r in rows if r["ended"]],

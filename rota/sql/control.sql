@@ -71,7 +71,8 @@ SELECT id FROM rota.job_archive WHERE id = ANY(%(ids)s::bigint[])
 -- A ready or waiting job ends cancelled at once; a running one gets a cancel
 -- request that its worker reads from its next heartbeat. The children of a
 -- job cancelled by id (durable jobs, rota.job.parent_id), and theirs, are
--- cancelled with it. The rows are locked first (not skipped), so a job being
+-- cancelled with it. %(status)s (NULL: any) is asked of the ids given only,
+-- not of their children. The rows are locked first (not skipped), so a job being
 -- claimed right now is seen as the claim left it, and in id order, the order
 -- of every statement that waits for the locks of running rows (a worker's
 -- outcomes and heartbeats), so none of them deadlock.
@@ -84,9 +85,9 @@ target AS (
     SELECT id, status
     FROM rota.job
     WHERE status IN ('ready', 'running', 'waiting')
-      AND (%(ids)s::bigint[] IS NULL OR id = ANY(ARRAY(SELECT id FROM family)))
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(status)s::text IS NULL OR status = %(status)s::text)
+      AND id = ANY(ARRAY(SELECT id FROM family))
+      AND (%(status)s::text IS NULL OR status = %(status)s::text
+           OR id <> ALL(%(ids)s::bigint[]))
     ORDER BY id
     FOR UPDATE
 ),
@@ -115,46 +116,26 @@ UNION ALL
 SELECT id, false FROM requested
 ORDER BY id
 
--- name: cancel_ready_of_type
--- `jobs cancel --type`: one capped batch of the type's ready jobs, through
--- job_ready_type_idx, each with whether it has children (durable jobs: they
--- are cancelled with it, by cancel_jobs). The rows are locked, not skipped: a
--- job a worker is claiming right now is seen as the claim left it (running,
--- for the next step). Claims never wait for a lock, so this order cannot
--- deadlock with them.
-WITH target AS (
-    SELECT id FROM rota.job
-    WHERE status = 'ready' AND type = %(type)s::text
-    ORDER BY run_at
-    LIMIT %(limit)s
-    FOR UPDATE
-)
-UPDATE rota.job AS j
-SET status = 'cancelled',
-    cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    last_error = coalesce(j.last_error, 'Cancelled: before it started')
-WHERE j.id = ANY(ARRAY(SELECT id FROM target))
-RETURNING j.id,
-          EXISTS (SELECT FROM rota.job AS c WHERE c.parent_id = j.id) AS parent
-
--- name: cancel_running_of_type
--- The type's running jobs after id %(after)s asked to stop, a capped batch in
--- id order (the order of every statement that waits for running rows' locks),
--- among the running rows only (job_running_idx), each with whether it has
--- children (as cancel_ready_of_type).
-WITH target AS (
-    SELECT id FROM rota.job
-    WHERE status = 'running' AND type = %(type)s::text AND id > %(after)s
-    ORDER BY id
-    LIMIT %(limit)s
-    FOR UPDATE
-)
-UPDATE rota.job AS j
-SET cancel_requested_at = coalesce(j.cancel_requested_at, coalesce(%(now)s::timestamptz, now()))
-WHERE j.id = ANY(ARRAY(SELECT id FROM target))
-RETURNING j.id,
-          EXISTS (SELECT FROM rota.job AS c WHERE c.parent_id = j.id) AS parent
+-- name: cancellable_of_type
+-- `jobs cancel --type`: the type's ready, waiting and running jobs (or those
+-- of one status), in id order, read by one statement and locking nothing. A
+-- job that moves between these statuses while the command runs (a lease
+-- reaped, a sleep that ended, a suspension) is in exactly one of them here,
+-- and cancel_jobs then takes it by id whatever its status has become; read by
+-- one statement a status at a time, such a job was in none. Each branch walks
+-- its status's partial index.
+SELECT id FROM rota.job
+WHERE status = 'ready' AND type = %(type)s::text
+  AND (%(status)s::text IS NULL OR %(status)s::text = 'ready')
+UNION ALL
+SELECT id FROM rota.job
+WHERE status = 'waiting' AND type = %(type)s::text
+  AND (%(status)s::text IS NULL OR %(status)s::text = 'waiting')
+UNION ALL
+SELECT id FROM rota.job
+WHERE status = 'running' AND type = %(type)s::text
+  AND (%(status)s::text IS NULL OR %(status)s::text = 'running')
+ORDER BY id
 
 -- name: pause_types
 INSERT INTO rota.paused_type (type, paused_at)

@@ -212,23 +212,3 @@ deleted AS (
     DELETE FROM rota.job_event AS e USING picked WHERE e.key = picked.key RETURNING 1
 )
 SELECT count(*) AS moved FROM deleted
-
--- name: cancel_waiting_of_type
--- `jobs cancel --type`: one capped batch of the type's waiting jobs, through
--- job_waiting_idx (the waiting rows only), ended cancelled as ready ones are,
--- each with whether it has children (as cancel_ready_of_type).
-WITH target AS (
-    SELECT id FROM rota.job
-    WHERE status = 'waiting' AND type = %(type)s::text
-    ORDER BY run_at
-    LIMIT %(limit)s
-    FOR UPDATE
-)
-UPDATE rota.job AS j
-SET status = 'cancelled',
-    cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    last_error = coalesce(j.last_error, 'Cancelled: while it waited')
-WHERE j.id = ANY(ARRAY(SELECT id FROM target))
-RETURNING j.id,
-          EXISTS (SELECT FROM rota.job AS c WHERE c.parent_id = j.id) AS parent

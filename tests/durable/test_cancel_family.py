@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 import rota
 from rota import control
-from tests.durable.helpers import row
+from rota.claim import claim
+from rota.durable import Run
+from rota.errors import Suspended
+from rota.reaper import Reaper
+from tests.durable.helpers import later, row
 
 
 def test_cancelling_parents_by_type_cancels_their_children_too(conn) -> None:
@@ -63,3 +69,34 @@ def test_children_cancelled_with_their_parent_leave_its_gather_as_it_was(conn) -
     assert control.cancel(conn, [parent]).ended == sorted([parent, child])
     assert row(conn, child)["status"] == "cancelled"
     assert _ended(conn, parent) == [("gather:1", None)]
+
+
+def test_jobs_that_change_status_while_a_cancel_by_type_runs_are_cancelled(
+    conn, db_url, monkeypatch
+) -> None:
+    # A job running with an expired lease and one whose sleep is over: after the
+    # command's first statement the reaper makes both ready. They were
+    # cancellable the whole time; neither may be left to run.
+    expired, sleeping = rota.enqueue(conn, "T"), rota.enqueue(conn, "T")
+    claim(conn, "w", 1, 1)
+    [sleeper] = claim(conn, "w", 1, 300)
+    run = Run(db_url, "w", sleeper)
+    with pytest.raises(Suspended):
+        run.sleep(1)
+    run.close()
+    at = later(conn, 5)
+    statements = []
+    real = control.fetch_all
+
+    def meanwhile(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        statements.append(args[1])
+        if len(statements) == 1:
+            reaped = Reaper().run_once(db_url, now=at)
+            assert (reaped.requeued, reaped.woken) == ([expired], [sleeping])
+        return rows
+
+    monkeypatch.setattr(control, "fetch_all", meanwhile)
+    result = control.cancel_matching(conn, "T")
+    assert result.ended == [expired, sleeping]
+    assert [row(conn, i)["status"] for i in (expired, sleeping)] == ["cancelled", "cancelled"]

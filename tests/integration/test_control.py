@@ -43,7 +43,9 @@ def test_cancel_ends_ready_jobs_and_asks_running_ones(conn) -> None:
     # The worker learns of it from its heartbeat, and a retry it writes ends cancelled.
     [lease] = claims.extend_leases(conn, "w", [(running, 1)], 30, now=at(3))
     assert lease.cancel_requested
-    written = claims.write_outcomes(conn, "w", [Attempt(running, 1, Outcome.RETRY, 5)], now=at(4))
+    written = claims.write_outcomes(
+        conn, "w", [Attempt(running, 1, Outcome.RETRY, 5, claim=1)], now=at(4)
+    )
     assert written == {(running, 1): Status.CANCELLED}
 
 
@@ -67,7 +69,7 @@ def test_a_handler_that_finishes_first_keeps_its_outcome(conn) -> None:
     job_id = rota.enqueue(conn, "t", now=T0)
     claims.claim(conn, "w", 1, 30, now=at(0))
     control.cancel(conn, [job_id], now=at(1))
-    claims.write_outcomes(conn, "w", [Attempt(job_id, 1, Outcome.DONE)], now=at(2))
+    claims.write_outcomes(conn, "w", [Attempt(job_id, 1, Outcome.DONE, claim=1)], now=at(2))
     assert status_of(conn, job_id) == "done"
 
 
@@ -199,8 +201,8 @@ def test_cancel_by_type_and_retry_all_work_in_capped_batches(
     assert result.ended == sorted(set(ids) - set(running))
     assert result.requested == sorted(running)
     assert status_of(conn, other) == "ready"
-    # 4 ready rows: batches of 3 and 1; no waiting row: one batch of none; 4 running: 3 and 1.
-    assert len(statements) == 5
+    # The 8 jobs read at once, then cancelled by id in batches of 3, 3 and 2.
+    assert len(statements) == 4
     conn.execute("UPDATE rota.job SET status = 'dead', finished_at = now() WHERE type = 't'")
     statements.clear()
     assert control.retry(conn, all_matching=True, now=at(3)) == sorted(ids)
