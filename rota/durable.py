@@ -98,6 +98,16 @@ def emit(conn_or_dsn: ConnOrDsn, key: str, payload: Any = None) -> int:
     return int(rows[0]["woken"])
 
 
+def wake_rechecked(conn_or_dsn: ConnOrDsn, limit: int = 1000) -> list[int]:
+    """Wake the waiters of up to `limit` keys emitted in a REPEATABLE READ or
+    SERIALIZABLE transaction, whose snapshot could not see a wait committed
+    just before the emit (migration 0042); the ids made ready. The reaper calls
+    it on every pass."""
+    with connection(conn_or_dsn) as conn:
+        rows = fetch_all(conn, sql.query("wake_rechecked"), {"limit": limit})
+    return [row["id"] for row in rows]
+
+
 def wake_due(conn_or_dsn: ConnOrDsn, now: datetime | None = None, limit: int = 1000) -> list[int]:
     """Make the waiting jobs whose time has come ready again (one capped batch):
     sleeps that ended, waits that timed out. The reaper calls it on every pass."""

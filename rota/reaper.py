@@ -18,7 +18,7 @@ from datetime import datetime
 
 from rota import limits, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
-from rota.durable import wake_due
+from rota.durable import wake_due, wake_rechecked
 from rota.errors import InvalidInput
 from rota.jobs import Status
 from rota.retry import MAX_RELEASES
@@ -115,14 +115,15 @@ class Reaper(Service):
         )
 
     def _wake_due(self, conn: Conn, now: datetime | None) -> list[int]:
-        """Waiting jobs whose time came are ready again (rota.durable.wake_due)."""
+        """Waiting jobs whose time came are ready again (rota.durable.wake_due), and
+        those an emit could not see (rota.durable.wake_rechecked)."""
         woken: list[int] = []
         for _ in range(self.settings.max_batches):
             batch = wake_due(conn, now, self.settings.batch_size)
             woken += batch
             if len(batch) < self.settings.batch_size:
                 break
-        return woken
+        return woken + wake_rechecked(conn, self.settings.batch_size)
 
     def _params(self, now: datetime | None) -> dict[str, object]:
         backoff = self.settings.backoff

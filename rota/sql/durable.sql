@@ -122,6 +122,11 @@ WHERE a.id = ANY(%(ids)s::bigint[])
   AND EXISTS (SELECT FROM rota.job_child AS c
               WHERE c.parent_id = %(parent)s AND c.child_id = a.id)
 
+-- name: wake_rechecked
+-- The waiters of keys an emit could not see them for (rota.wake_rechecked,
+-- migration 0042): ended by 'event', their jobs ready.
+SELECT id FROM rota.wake_rechecked(%(limit)s) AS id
+
 -- name: wake_due
 -- Waiting jobs whose time has come are ready again (a sleep ended, a wait
 -- timed out): one capped batch, oldest first, through job_waiting_idx, under

@@ -13,8 +13,9 @@ from psycopg.rows import dict_row
 
 import rota
 from rota import sql
+from rota.reaper import Reaper
 from tests.acceptance.procs import wait_for
-from tests.durable.helpers import row
+from tests.durable.helpers import later, row
 
 SUSPEND = "SELECT rota.suspend(%s, 1, 'w', %s, %s, %s, %s::bigint[], NULL, NULL) AS state"
 
@@ -151,3 +152,51 @@ def test_a_job_suspending_before_the_cancel_is_cancelled_by_it(conn, db_url) -> 
     assert out["ended"] == [job]
     found = row(conn, job)
     assert (found["status"], found["last_error"]) == ("cancelled", "Cancelled: while it waited")
+
+
+def test_an_emit_as_its_waits_timeout_passes_deadlocks_with_no_wake_pass(conn, db_url) -> None:
+    # The emit locked the wait's row, then the job's; the wake pass the job's,
+    # then the wait's. A third transaction holding the wait's row lets both
+    # reach their first lock; when it ends, neither may fail.
+    job = _running_job(conn)
+    timed = "SELECT rota.suspend(%s, 1, 'w', 'event:k', 'event', 'k', NULL, 10, NULL) AS state"
+    assert conn.execute(timed, (job,)).fetchone()["state"] == "waiting"
+    due = later(conn, 20)
+    with psycopg.connect(db_url, row_factory=dict_row) as holder:
+        holder.execute("SELECT 1 FROM rota.job_wait WHERE job_id = %s FOR UPDATE", (job,))
+        emit, emitted = _in_thread(db_url, "SELECT rota.emit('k', '1') AS woken", ())
+        wait_for(_blocked(conn, emitted["pid"]), what="the emit to wait for the wait's row")
+        wake, woke = _in_thread(db_url, sql.query("wake_due"), {"now": due, "limit": 10})
+        wait_for(
+            lambda: not wake.is_alive() or _blocked(conn, woke["pid"])(),
+            what="the wake pass to pass or wait",
+        )
+        holder.commit()
+    emit.join(30)
+    wake.join(30)
+    assert "row" in emitted and "row" in woke, (emitted, woke)  # neither failed
+    assert row(conn, job)["status"] == "ready"
+
+
+def test_an_emit_in_a_repeatable_read_transaction_wakes_a_wait_it_could_not_see(
+    conn, db_url
+) -> None:
+    # The emit's snapshot is older than a wait committed before it took the
+    # key's lock: it cannot see the wait, and woke nobody, for ever. The next
+    # wake pass does.
+    job = _running_job(conn)
+    with psycopg.connect(db_url, row_factory=dict_row) as app:
+        app.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        app.execute("SELECT 1")  # its snapshot
+        assert conn.execute(SUSPEND, (job, "event:k", "event", "k", None)).fetchone()["state"] == (
+            "waiting"
+        )
+        assert app.execute("SELECT rota.emit('k', '1') AS woken").fetchone()["woken"] == 0
+        app.commit()
+    assert row(conn, job)["status"] == "waiting"
+    assert Reaper().run_once(db_url).woken == [job]
+    assert row(conn, job)["status"] == "ready"
+    ended = conn.execute("SELECT ended_by FROM rota.job_wait WHERE job_id = %s", (job,))
+    assert ended.fetchone()["ended_by"] == "event"
+    assert Reaper().run_once(db_url).woken == []
+
