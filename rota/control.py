@@ -29,6 +29,14 @@ RETRYABLE = (Status.DEAD, Status.FAILED, Status.CANCELLED)
 """Statuses `retry` brings back to ready."""
 
 BATCH_SIZE = 1000
+
+DEADLOCK_TRIES = 5
+"""How often a cancel's batch is tried when the database ends it in a deadlock.
+
+A cancel locks a job before its children; a child's outcome locks the child,
+then (its end's trigger) its parent. When the two meet the database ends one
+of them; a cancel so ended is tried again, an outcome is written again by its
+worker."""
 """Rows changed per statement by the levers that take every matching job
 (`retry --all`, `cancel --type`): each batch is one short transaction on a
 connection Rota opens, so no lock is held on more rows than this."""
@@ -250,7 +258,15 @@ def _cancel(
     conn: Conn, ids: list[int], now: datetime | None, status: str | None = None
 ) -> CancelResult:
     params = {"ids": ids, "status": status, "now": now}
-    rows = fetch_all(conn, sql.query("cancel_jobs"), params)
+    for tried in range(1, DEADLOCK_TRIES + 1):
+        try:
+            with conn.transaction():
+                rows = fetch_all(conn, sql.query("cancel_jobs"), params)
+            break
+        except DatabaseError as exc:
+            deadlock = isinstance(exc.__cause__, psycopg.errors.DeadlockDetected)
+            if not deadlock or tried == DEADLOCK_TRIES:
+                raise
     return CancelResult(
         ended=[r["id"] for r in rows if r["ended"]],
         requested=[r["id"] for r in rows if not r["ended"]],

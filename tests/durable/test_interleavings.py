@@ -13,6 +13,9 @@ from psycopg.rows import dict_row
 
 import rota
 from rota import sql
+from rota.attempt import Attempt
+from rota.claim import write_outcomes
+from rota.jobs import Outcome, Status
 from rota.reaper import Reaper
 from tests.acceptance.procs import wait_for
 from tests.durable.helpers import later, row
@@ -200,3 +203,49 @@ def test_an_emit_in_a_repeatable_read_transaction_wakes_a_wait_it_could_not_see(
     assert ended.fetchone()["ended_by"] == "event"
     assert Reaper().run_once(db_url).woken == []
 
+
+def test_a_cancel_of_a_parent_that_deadlocks_with_its_childs_outcome_is_retried(
+    conn, db_url
+) -> None:
+    # The outcome locks the child, then its other rows, then (its end's
+    # trigger) the parent; the cancel locks the parent, then its children. The
+    # database ends one of them: the cancel is the one here (it checks for a
+    # deadlock first), and it is tried again.
+    parent = _running_job(conn)
+    child = _running_job(conn, parent)
+    other = _running_job(conn)
+    with psycopg.connect(db_url, row_factory=dict_row) as holder:
+        holder.execute("SELECT 1 FROM rota.job WHERE id = %s FOR SHARE", (other,))
+        outcome = [Attempt(i, 1, Outcome.DONE, claim=1) for i in (child, other)]
+        writer = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
+        writer.execute("SET deadlock_timeout = '30s'")
+        written: dict[str, Any] = {"pid": writer.info.backend_pid}
+
+        def write() -> None:
+            with writer:
+                written["row"] = write_outcomes(writer, "w", outcome)
+
+        writing = threading.Thread(target=write)
+        writing.start()
+        wait_for(_blocked(conn, written["pid"]), what="the outcome to wait for the other row")
+        canceller = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
+        canceller.execute("SET deadlock_timeout = '1s'")
+        cancelled: dict[str, Any] = {"pid": canceller.info.backend_pid}
+
+        def cancel() -> None:
+            with canceller:
+                try:
+                    cancelled["row"] = rota.cancel(canceller, [parent])
+                except rota.DatabaseError as exc:
+                    cancelled["error"] = exc
+
+        cancelling = threading.Thread(target=cancel)
+        cancelling.start()
+        wait_for(_blocked(conn, cancelled["pid"]), what="the cancel to wait for the child")
+        holder.commit()
+    writing.join(60)
+    cancelling.join(60)
+    assert "error" not in cancelled, cancelled
+    assert written["row"] == {(child, 1): Status.DONE, (other, 1): Status.DONE}
+    assert cancelled["row"].requested == [parent]
+    assert row(conn, parent)["cancel_requested_at"] is not None
