@@ -5,11 +5,14 @@ advisory lock lets one apply what is missing while the others wait, then find
 nothing left to do. Each migration is recorded in the same transaction that
 applies it, so a crash leaves either all of it or none of it.
 
-Migrations run as the schema's owner. The processes that only use the schema
-(workers, schedulers, reapers, the operator, the console, an application that
-only enqueues, a dashboard) can run as roles of their own that `migrate()`
-gives exactly the rights they need (rota/grants.py): no CREATE on the schema,
-no ownership, so none of them can change the schema.
+Migrations run as the schema's owner: a role that can become the owner (a
+superuser, a member of the owner role) migrates as the owner, so the schema's
+objects never have two owners; any other role is refused before anything is
+applied. The processes that only use the schema (workers, schedulers,
+reapers, the operator, the console, an application that only enqueues, a
+dashboard) can run as roles of their own that `migrate()` gives exactly the
+rights they need (rota/grants.py): no CREATE on the schema, no ownership, so
+none of them can change the schema.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 import psycopg
+from psycopg import sql as pgsql
 
 from rota import grants, sql
 from rota.db import Conn, ConnOrDsn, connection, errors_wrapped, fetch_all
@@ -47,17 +51,19 @@ def migrate(
     EXECUTE on rota.enqueue (and rota.emit) only, `grant_read` SELECT. A role
     that does not exist, or a predefined role of PostgreSQL (pg_*, which would
     hand Rota's tables to everybody it is granted to), is `InvalidInput`,
-    raised before anything is changed.
+    raised before anything is changed; so is a role that neither owns schema
+    rota nor can become its owner (SET ROLE), when the schema exists.
     """
     roles = grants.checked(
         {"runtime": grant, "worker": grant_worker, "enqueue": grant_enqueue, "read": grant_read}
     )
     applied_now: list[int] = []
+    said: set[str] = set()
     with connection(conn_or_dsn) as conn, errors_wrapped():
         grants.require_roles(conn, roles)
         for number, name, text in sql.migrations():
             with conn.transaction():
-                fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
+                _lock_as_owner(conn, said)
                 conn.execute(sql.query("migrate_bootstrap"))
                 if fetch_all(conn, sql.query("migration_applied"), {"id": number})[0]["applied"]:
                     continue
@@ -67,12 +73,36 @@ def migrate(
                 applied_now.append(number)
         if applied_now or any(roles.values()):  # a run that changes nothing grants nothing
             with conn.transaction():
-                fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
+                _lock_as_owner(conn, said)
                 grants.apply(conn, roles)
         for kind, names in roles.items():
             for role in names:
                 log.info("granted the %s rights on schema rota to %s", kind, role)
     return applied_now
+
+
+def _lock_as_owner(conn: Conn, said: set[str]) -> None:
+    """Take the migrations' lock, then run the rest of the transaction as the
+    owner of schema rota (when it exists): objects another role created would
+    escape the owner's default privileges, and the owner could not replace
+    them. A role that cannot become the owner is `InvalidInput`."""
+    fetch_all(conn, sql.query("migrate_lock"), {"lock_id": _LOCK_ID})
+    found = fetch_all(conn, sql.query("migration_owner"))[0]
+    owner, role = found["owner"], found["role"]
+    if owner is None or owner == role:
+        return
+    statement = pgsql.SQL(sql.query("migrate_as_owner")).format(owner=pgsql.Identifier(owner))
+    try:
+        with conn.transaction():  # a savepoint, released: SET LOCAL holds to the end
+            conn.execute(statement)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise InvalidInput(
+            f"schema rota is owned by {owner!r}, and {role!r} can neither migrate it nor become"
+            f" {owner!r} (SET ROLE): run `rota migrate` as {owner!r} or as a member of it"
+        ) from exc
+    if owner not in said:
+        log.info("migrating as %s, the owner of schema rota (connected as %s)", owner, role)
+        said.add(owner)
 
 
 def applied(conn_or_dsn: ConnOrDsn) -> list[int]:

@@ -5,6 +5,17 @@
 -- One migrating process at a time; the others wait here, then find nothing to do.
 SELECT pg_advisory_xact_lock(%(lock_id)s)
 
+-- name: migration_owner
+-- Who owns schema rota (NULL before the first migration), and who connected.
+SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'rota') AS owner,
+       current_user AS role
+
+-- name: migrate_as_owner
+-- The rest of the transaction runs as the schema's owner, so that every object
+-- is the owner's and its default privileges (the grants) cover them. {owner}
+-- is a quoted identifier composed in by psycopg.sql.
+SET LOCAL ROLE {owner}
+
 -- name: migrate_bootstrap
 CREATE SCHEMA IF NOT EXISTS rota;
 CREATE TABLE IF NOT EXISTS rota.migrations (
