@@ -17,7 +17,16 @@ SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'rota
 SET LOCAL ROLE {owner}
 
 -- name: migrate_bootstrap
-CREATE SCHEMA IF NOT EXISTS rota;
+-- The schema is looked for first: CREATE SCHEMA IF NOT EXISTS checks the
+-- right to create schemas in the database before it looks, and the schema's
+-- owner may not have it when an administrator made the schema for it.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'rota') THEN
+        CREATE SCHEMA rota;
+    END IF;
+END
+$$;
 CREATE TABLE IF NOT EXISTS rota.migrations (
     id         integer     PRIMARY KEY,
     name       text        NOT NULL,

@@ -5,7 +5,8 @@ that `rota migrate --grant` set are the owner's, so the runtime roles get
 nothing on objects another role creates, and the owner can no longer replace
 the other role's functions. `rota migrate` by a role that can become the owner
 (a superuser, a member of the owner role) migrates as the owner; any other role
-is refused before anything is applied.
+is refused before anything is applied. The owner itself needs no right on the
+database when an administrator made the schema for it.
 """
 
 from __future__ import annotations
@@ -151,4 +152,16 @@ def test_a_role_that_cannot_become_the_owner_is_refused_and_nothing_is_applied(
     assert owner in err and other in err, err
 
     assert applied(owner_url) == [n for n, _, _ in sql.migrations() if n < SPLIT]
+    assert owners(owner_url) == {owner}
+
+
+def test_the_schema_s_owner_migrates_without_rights_on_the_database(
+    roles: Roles, empty_db_url: str
+) -> None:
+    # An administrator makes the schema for its owner, who may not create
+    # schemas in the database; a run with nothing to apply needs no more.
+    owner, owner_url = roles.make("owner")
+    roles.admin("CREATE SCHEMA rota AUTHORIZATION {}", owner)
+    assert migrate(owner_url) == [n for n, _, _ in sql.migrations()]
+    assert migrate(owner_url) == []
     assert owners(owner_url) == {owner}
