@@ -44,9 +44,10 @@ def migrate(
 ) -> list[int]:
     """Apply every migration not yet applied; return the numbers applied now.
 
-    Then give each named role exactly the rights of its kind on every object of
-    the schema (rota/grants.py; again each time, so objects of new migrations
-    are covered): `grant_worker` the workers' and the operator's, `grant` those
+    Then, on every run, take EXECUTE on the schema's functions from PUBLIC and
+    give each named role exactly the rights of its kind on every object of the
+    schema (rota/grants.py; again each time, so objects of new migrations are
+    covered): `grant_worker` the workers' and the operator's, `grant` those
     and the console's tables (the runtime grant of 0.3), `grant_enqueue`
     EXECUTE on rota.enqueue (and rota.emit) only, `grant_read` SELECT. A role
     that does not exist, or a predefined role of PostgreSQL (pg_*, which would
@@ -71,10 +72,11 @@ def migrate(
                 conn.execute(text.encode())
                 fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
                 applied_now.append(number)
-        if applied_now or any(roles.values()):  # a run that changes nothing grants nothing
-            with conn.transaction():
-                _lock_as_owner(conn, said)
-                grants.apply(conn, roles)
+        # Every run, though it applied nothing: a run that died before this
+        # point left the functions of its migrations executable by PUBLIC.
+        with conn.transaction():
+            _lock_as_owner(conn, said)
+            grants.apply(conn, roles)
         for kind, names in roles.items():
             for role in names:
                 log.info("granted the %s rights on schema rota to %s", kind, role)

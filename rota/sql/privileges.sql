@@ -12,7 +12,8 @@ SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS found
 
 -- name: revoke_public_execute
 -- Functions are executable by PUBLIC unless revoked; Rota's are for the roles
--- it grants them to. Run after every migration run, so new functions are covered.
+-- it grants them to. Run by every `rota migrate`, though it applied nothing, so
+-- new functions are covered even after a run that died before its grants.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC
 
 -- name: grant_reset

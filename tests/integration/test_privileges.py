@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 import rota
-from rota import claim, lookup
+from rota import claim, grants, lookup
 from rota import schedule_store as schedules
 from rota.archive import Archiver, ArchiveSettings
 from rota.claim import Attempt
@@ -244,3 +244,30 @@ def test_a_predefined_role_is_refused_before_anything_changes(db_url: str) -> No
             "SELECT has_table_privilege('pg_read_all_data', 'rota.job', 'INSERT')"
         ).fetchone()
     assert before == after == (False,)
+
+
+def test_a_run_after_one_that_died_before_its_grants_takes_execute_from_public(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL lets PUBLIC execute every new function. A migrate that died
+    # after its migrations committed but before its grants left them so; the
+    # next run, with nothing to apply and no role named, takes that back.
+    class Died(Exception):
+        pass
+
+    def die(*_: object) -> None:
+        raise Died
+
+    with monkeypatch.context() as patch:
+        patch.setattr(grants, "apply", die)
+        with pytest.raises(Died):
+            migrate(empty_db_url)
+    assert migrate(empty_db_url) == []
+    with psycopg.connect(empty_db_url) as conn:
+        public = conn.execute(
+            "SELECT oid::regprocedure::text FROM pg_proc"
+            " WHERE pronamespace = 'rota'::regnamespace"
+            " AND (proacl IS NULL OR EXISTS (SELECT FROM aclexplode(proacl) AS a"
+            "      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))"
+        ).fetchall()
+    assert public == []
