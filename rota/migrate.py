@@ -63,14 +63,7 @@ def migrate(
     with connection(conn_or_dsn) as conn, errors_wrapped():
         grants.require_roles(conn, roles)
         for number, name, text in sql.migrations():
-            with conn.transaction():
-                _lock_as_owner(conn, said)
-                conn.execute(sql.query("migrate_bootstrap"))
-                if fetch_all(conn, sql.query("migration_applied"), {"id": number})[0]["applied"]:
-                    continue
-                log.info("applying migration %04d_%s", number, name)
-                conn.execute(text.encode())
-                fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
+            if _apply(conn, number, name, text, said):
                 applied_now.append(number)
         # Every run, though it applied nothing: a run that died before this
         # point left the functions of its migrations executable by PUBLIC.
@@ -81,6 +74,67 @@ def migrate(
             for role in names:
                 log.info("granted the %s rights on schema rota to %s", kind, role)
     return applied_now
+
+
+_MIGRATION_LOCK_TIMEOUT_SECONDS = 2.0
+"""How long a migration waits for a table's lock in one try: every claim and
+enqueue that asks for the table meanwhile waits behind it."""
+
+_MIGRATION_LOCK_TRIES = 20
+"""Tries of one migration before `migrate()` gives up (about a minute)."""
+
+_MIGRATION_LOCK_PAUSE_SECONDS = 1.0
+"""Between tries: the claims and enqueues that queued behind go first."""
+
+
+def _apply(conn: Conn, number: int, name: str, text: str, said: set[str]) -> bool:
+    """Apply one migration unless it is applied, in one transaction; return
+    whether it was applied now. A lock it cannot take soon is given up, and the
+    whole migration tried again; `MigrationError` when it never could."""
+    label = f"{number:04d}_{name}"
+    waited_for = "a table of schema rota"
+    for _ in range(_MIGRATION_LOCK_TRIES):
+        try:
+            with conn.transaction():
+                _lock_as_owner(conn, said)
+                conn.execute(sql.query("migrate_bootstrap"))
+                if fetch_all(conn, sql.query("migration_applied"), {"id": number})[0]["applied"]:
+                    return False
+                timeout = f"{_MIGRATION_LOCK_TIMEOUT_SECONDS * 1000:.0f}ms"
+                fetch_all(conn, sql.query("migration_lock_timeout"), {"timeout": timeout})
+                log.info("applying migration %s", label)
+                conn.execute(text.encode())
+                fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
+                return True
+        except psycopg.errors.LockNotAvailable:
+            waited_for = _lock_holders(conn)
+            log.warning(
+                "migration %s waited %g s for a lock on %s, held by a longer transaction;"
+                " nothing of it is applied: trying again",
+                label,
+                _MIGRATION_LOCK_TIMEOUT_SECONDS,
+                waited_for,
+            )
+            time.sleep(_MIGRATION_LOCK_PAUSE_SECONDS)
+    raise MigrationError(
+        f"migration {label} could not lock {waited_for} in {_MIGRATION_LOCK_TRIES} tries of"
+        f" {_MIGRATION_LOCK_TIMEOUT_SECONDS:g} s: nothing of it is applied (the migrations"
+        " before it are); end that transaction, or run `rota migrate` again later"
+    )
+
+
+def _lock_holders(conn: Conn) -> str:
+    """The tables of schema rota that longer transactions hold, and their
+    sessions, in words (after a migration gave up waiting)."""
+    with conn.transaction():
+        rows = fetch_all(
+            conn, sql.query("migration_lock_holders"), {"waited": _MIGRATION_LOCK_TIMEOUT_SECONDS}
+        )
+    if not rows:
+        return "a table of schema rota"
+    return ", ".join(
+        f"{row['table']} (pid {', '.join(str(pid) for pid in row['pids'])})" for row in rows
+    )
 
 
 def _lock_as_owner(conn: Conn, said: set[str]) -> None:

@@ -36,6 +36,26 @@ CREATE TABLE IF NOT EXISTS rota.migrations (
 -- name: migration_applied
 SELECT EXISTS (SELECT 1 FROM rota.migrations WHERE id = %(id)s) AS applied
 
+-- name: migration_lock_timeout
+-- A migration that waits for a table's lock (a long transaction read the
+-- table) would stop every claim and enqueue queued behind it: it gives up
+-- after a moment, and tries again.
+SELECT set_config('lock_timeout', %(timeout)s, true)
+
+-- name: migration_lock_holders
+-- The tables of schema rota on which other sessions have held a lock for
+-- longer than a migration waited: what it waited for, and who holds it (a
+-- session whose start this role may not see counts).
+SELECT l.relation::regclass::text AS "table", array_agg(DISTINCT l.pid ORDER BY l.pid) AS pids
+FROM pg_locks AS l
+JOIN pg_class AS c ON c.oid = l.relation
+LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE c.relnamespace = 'rota'::regnamespace AND c.relkind IN ('r', 'p')
+  AND l.granted AND l.pid <> pg_backend_pid()
+  AND (a.xact_start IS NULL OR a.xact_start < now() - make_interval(secs => %(waited)s))
+GROUP BY l.relation
+ORDER BY 1
+
 -- name: migration_record
 INSERT INTO rota.migrations (id, name) VALUES (%(id)s, %(name)s)
 
