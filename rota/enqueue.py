@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from datetime import datetime
 from typing import Any, LiteralString
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from rota import limits, sql, tracing
@@ -30,7 +31,7 @@ from rota.db import (
     connection,
     fetch_all,
 )
-from rota.errors import InvalidInput
+from rota.errors import DatabaseError, InvalidInput
 from rota.handlers import default_priority
 from rota.jobs import NewJob
 from rota.settings import QueueSettings
@@ -87,7 +88,7 @@ def enqueue_many(
     with tracing.producer(jobs) as sent:
         steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
         step = next(steps)  # every job checked before the connection is touched
-        with connection(conn_or_dsn) as conn, _atomic(conn, _statements(jobs)):
+        with _rights_said(), connection(conn_or_dsn) as conn, _atomic(conn, _statements(jobs)):
             try:
                 while True:
                     step = steps.send(fetch_all(conn, *step))
@@ -142,6 +143,25 @@ def _is_unique(job: NewJob) -> bool:
 def _statements(jobs: Sequence[NewJob]) -> bool:
     """Whether the jobs take more than one writing statement: a batch with unique jobs."""
     return len(jobs) > 1 and any(_is_unique(job) for job in jobs)
+
+
+@contextlib.contextmanager
+def _rights_said() -> Iterator[None]:
+    """A role refused the write as a `DatabaseError` that says which enqueue it
+    may use: these functions write rota.job themselves, which a role granted
+    `--grant-enqueue` may not; it calls the SQL function rota.enqueue, whose
+    owner writes the row."""
+    try:
+        yield
+    except DatabaseError as exc:
+        if not isinstance(exc.__cause__, psycopg.errors.InsufficientPrivilege):
+            raise
+        raise DatabaseError(
+            f"{exc}: Rota's enqueue (Python, `rota enqueue`) writes rota.job itself, which"
+            " needs `rota migrate --grant-worker` (or --grant); a role granted --grant-enqueue"
+            " enqueues through the SQL function rota.enqueue: SELECT rota.enqueue('type',"
+            " '{...}')"
+        ) from exc.__cause__
 
 
 @contextlib.contextmanager
@@ -238,12 +258,13 @@ async def enqueue_many_async(
     with tracing.producer(jobs) as sent:
         steps = _steps(jobs, settings, now, sent.context if sent is not None else None)
         step = next(steps)  # every job checked before the connection is touched
-        async with aconnection(aconn_or_dsn) as conn, _aatomic(conn, _statements(jobs)):
-            try:
-                while True:
-                    step = steps.send(await afetch_all(conn, *step))
-            except StopIteration as done:
-                ids: list[int] = done.value
+        with _rights_said():
+            async with aconnection(aconn_or_dsn) as conn, _aatomic(conn, _statements(jobs)):
+                try:
+                    while True:
+                        step = steps.send(await afetch_all(conn, *step))
+                except StopIteration as done:
+                    ids: list[int] = done.value
         if sent is not None:
             sent.sent(ids)
     return ids

@@ -9,8 +9,10 @@ what works must be exactly the documented list, nothing more or less.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +25,7 @@ from psycopg.rows import dict_row
 
 import rota
 from rota.cli import main
+from rota.errors import DatabaseError
 from rota.status import read_status
 from rota.web import overview, reads
 from rota.web.filters import JobFilter
@@ -228,3 +231,26 @@ def test_a_role_moved_to_another_kind_keeps_nothing_of_the_old(
         role.execute("SELECT count(*) FROM rota.job")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             role.execute("DELETE FROM rota.job")
+
+
+def test_the_enqueue_role_is_told_which_enqueue_it_may_use(
+    roles: Roles, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Rota's Python enqueue writes rota.job itself, which the enqueue role may
+    # not: the error says so and names the SQL function the role may call.
+    url = roles.urls["enqueue"]
+    told = r"--grant-enqueue.*SQL function rota\.enqueue"
+    for enqueue in (
+        lambda: rota.enqueue(url, "t", {}),
+        lambda: rota.enqueue_many(url, [rota.NewJob("t", {})]),
+        lambda: asyncio.run(rota.enqueue_async(url, "t", {})),
+    ):
+        with pytest.raises(DatabaseError, match=told) as raised:
+            enqueue()
+        assert isinstance(raised.value.__cause__, psycopg.errors.InsufficientPrivilege)
+    monkeypatch.setenv("ROTA_DATABASE_URL", url)
+    assert main(["enqueue", "t"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(told, err), err
+    with roles.connect("enqueue") as role:
+        assert rota.emit(role, "an.event") == 0  # the SQL function rota.emit, as the role
