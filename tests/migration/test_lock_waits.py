@@ -113,4 +113,4 @@ def test_a_migration_that_cannot_lock_a_table_stops_with_nothing_of_it_applied(
         ).fetchone()
     assert column == (0,)
     reader.rollback()
-    assert migrate(before_locking) == [LOCKING]
+    assert migrate(before_locking) == [n for n, _, _ in sql.migrations() if n >= LOCKING]
