@@ -11,6 +11,7 @@ the limit allows: the outcome that frees a slot wakes idle workers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -109,10 +110,14 @@ def clear_limit(conn_or_dsn: ConnOrDsn, type: str) -> bool:
         return bool(fetch_all(conn, sql.query("limit_clear"), {"type": checked}))
 
 
-def list_limits(conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> list[Limit]:
-    """Every type's limits, with how many due jobs each holds back now."""
+def list_limits(
+    conn_or_dsn: ConnOrDsn, now: datetime | None = None, types: Sequence[str] | None = None
+) -> list[Limit]:
+    """Every type's limits (only those of `types` when given), with how many due
+    jobs each holds back now."""
+    params = {"now": limits.clock(now), "types": list(types) if types is not None else None}
     with connection(conn_or_dsn) as conn:
-        rows = fetch_all(conn, sql.query("limit_states"), {"now": limits.clock(now)})
+        rows = fetch_all(conn, sql.query("limit_states"), params)
     return [
         Limit(
             type=r["type"],

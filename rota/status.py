@@ -202,11 +202,7 @@ def queue_age(
     """Age of the oldest due job of `types` (or any), with ready and running counts."""
     wanted = list(types) if types is not None else None
     with connection(conn_or_dsn) as conn:
-        held = [
-            limit.type
-            for limit in list_limits(conn, now)
-            if limit.limited and (wanted is None or limit.type in wanted)
-        ]
+        held = [limit.type for limit in list_limits(conn, now, wanted) if limit.limited]
         params = {"types": wanted, "held": held, "now": now}
         row = fetch_all(conn, sql.query("queue_age"), params)[0]
         paused = fetch_all(conn, sql.query("paused_among"), params)

@@ -50,7 +50,7 @@ def cmd_set(args: argparse.Namespace) -> int:
         rate=args.rate,
         per=args.per,
     )
-    [limit] = [lim for lim in flow.list_limits(database_url()) if lim.type == args.type]
+    [limit] = flow.list_limits(database_url(), types=[args.type])
     print(shown(f"{args.type}: {limit.describe()}"))
     return 0
 

@@ -500,7 +500,8 @@ def test_no_metrics_query_scans_the_job_table(conn):
     assert read_status(conn)["types"]["type0"]["done"] == 28571
 
     def seq_scans_job(statement: bytes) -> bool:
-        row = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, {"now": NOW}).fetchone()
+        params = {"now": NOW, "types": None}
+        row = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
         nodes = _plan_nodes(next(iter(row.values()))[0]["Plan"])
         return any("Seq Scan" in n["Node Type"] and n.get("Relation Name") == "job" for n in nodes)
 
