@@ -11,27 +11,61 @@
 -- error text, creation time) are applied to a window of at most `scan` rows of
 -- that walk when `bounded`, so a filter that matches little never reads the
 -- whole table: the page then says how far it searched and offers to go on.
-WITH win AS (
+-- A status other than done (`sorted`) is looked for first among the newest
+-- 20,000 rows below the cursor, walking the primary key as `rota jobs list`
+-- does: where that status is common (the dead and failed jobs among the done
+-- ones) the page is found there, a few hundred rows read. When the walk finds
+-- less than the window, the window is read as before: the status's partial
+-- index read whole and sorted (the sort key an expression, so that the
+-- planner does not walk the primary key past every done row instead). A walk
+-- that found too little costs 20,000 rows read by the primary key (some 6 ms);
+-- a key or a type has an index of its own, and is not walked for.
+WITH walked AS MATERIALIZED (
     SELECT id, type, payload, created_at, last_error
-    FROM rota.job
-    WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+    FROM (SELECT id, status, attempts, type, payload, created_at, last_error
+          FROM rota.job
+          WHERE %(sorted)s::boolean
+            AND %(key)s::text IS NULL
+            AND %(type)s::text IS NULL
+            AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+          ORDER BY id DESC
+          LIMIT 20000) AS newest
+    WHERE status = %(status)s::text
       AND (%(retrying)s::boolean IS NOT TRUE OR attempts > 0)
-      AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
-      AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
       AND (%(bounded)s::boolean
-           OR ((%(type)s::text IS NULL OR type = %(type)s::text)
-               AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+           OR ((%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
                AND (%(error)s::text IS NULL
                     OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
                AND (%(created_from)s::timestamptz IS NULL
                     OR created_at >= %(created_from)s::timestamptz)
                AND (%(created_to)s::timestamptz IS NULL
                     OR created_at < %(created_to)s::timestamptz)))
-    -- For the few rows of a status other than done, `sorted` turns the sort
-    -- key into an expression: the planner then reads that status's partial
-    -- index and sorts, instead of walking the primary key past the done rows.
-    ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
+    ORDER BY id DESC
     LIMIT %(scan)s
+),
+win AS (
+    SELECT id, type, payload, created_at, last_error
+    FROM walked
+    WHERE (SELECT count(*) FROM walked) >= %(scan)s
+    UNION ALL
+    (SELECT id, type, payload, created_at, last_error
+     FROM rota.job
+     WHERE (SELECT count(*) FROM walked) < %(scan)s
+       AND (%(status)s::text IS NULL OR status = %(status)s::text)
+       AND (%(retrying)s::boolean IS NOT TRUE OR attempts > 0)
+       AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+       AND (%(bounded)s::boolean
+            OR ((%(type)s::text IS NULL OR type = %(type)s::text)
+                AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+                AND (%(error)s::text IS NULL
+                     OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+                AND (%(created_from)s::timestamptz IS NULL
+                     OR created_at >= %(created_from)s::timestamptz)
+                AND (%(created_to)s::timestamptz IS NULL
+                     OR created_at < %(created_to)s::timestamptz)))
+     ORDER BY CASE WHEN %(sorted)s::boolean THEN id + 0 ELSE id END DESC
+     LIMIT %(scan)s)
 ),
 hits AS (
     SELECT id
