@@ -104,7 +104,7 @@ def cycle(conn: psycopg.Connection[Any], batch: int, first: int) -> None:
     jobs = claim.claim(conn, "bench", batch, 30)
     if len(jobs) != batch:
         raise RuntimeError(f"claimed {len(jobs)} of {batch} jobs")
-    claim.write_outcomes(conn, "bench", [Attempt(j.id, j.attempts, Outcome.DONE) for j in jobs])
+    claim.write_outcomes(conn, "bench", [Attempt.of(j, Outcome.DONE) for j in jobs])
 
 
 def measure(

@@ -77,19 +77,20 @@ def positional(text: str) -> tuple[str, list[str]]:
 
 
 def _running(conn: psycopg.Connection[Any], worker: str, limit: int) -> list[tuple[int, int]]:
-    """Claim `limit` jobs as `worker` with the worker's own claim; (id, attempts) of each."""
+    """Claim `limit` jobs as `worker` with the worker's own claim; the key (id, claim
+    number) of each."""
     rows = conn.execute(
         sql.query("claim_jobs"),
         _claim_params(worker, limit, 300, None, None),
     ).fetchall()
     conn.commit()
-    return [(r[0], r[6]) for r in rows]  # id and attempts: columns 1 and 7 of rota.job
+    return [(r[0], r[-1]) for r in rows]  # id and claims: the first column and the last
 
 
 def _finish_params(held: list[tuple[int, int]], worker: str) -> dict[str, Any]:
     return {
         "ids": [i for i, _ in held],
-        "attempts": [a for _, a in held],
+        "claims": [a for _, a in held],
         "outcomes": ["done"] * len(held),
         "delays": [0.0] * len(held),
         "errors": [None] * len(held),
@@ -178,7 +179,7 @@ def plans(
         finish = _finish_params(jobs, worker)
         heartbeat = {
             "ids": [i for i, _ in jobs],
-            "attempts": [a for _, a in jobs],
+            "claims": [a for _, a in jobs],
             "worker": worker,
             "lease": 30,
             "now": None,

@@ -48,9 +48,11 @@ def seed_more(conn: Any) -> dict[str, int]:
         finished_at=now - timedelta(minutes=2),
     )  # fmt: skip
     for minutes_ago in (9, 6, 6, 2):
-        failed = add_job(conn, "mail", "running", attempts=1, locked_by="w1", started_at=now)
+        failed = add_job(
+            conn, "mail", "running", attempts=1, claims=1, locked_by="w1", started_at=now
+        )
         fetch_all(conn, sql.query("write_outcomes"), {
-            "ids": [failed], "attempts": [1], "outcomes": ["retry"], "delays": [600.0],
+            "ids": [failed], "claims": [1], "outcomes": ["retry"], "delays": [600.0],
             "errors": ["SMTPError: 451"], "results": None, "worker": "w1",
             "now": now - timedelta(minutes=minutes_ago),
         })  # fmt: skip

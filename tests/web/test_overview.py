@@ -52,13 +52,13 @@ def test_never_all_clear_while_jobs_are_dead_failed_or_retrying(client, conn, tr
 def write_outcome(conn: Any, job_id: int, outcome: str, error: str | None, now: datetime) -> None:
     """A worker's outcome for a running job, written by the worker's own statement."""
     fetch_all(conn, sql.query("write_outcomes"), {
-        "ids": [job_id], "attempts": [1], "outcomes": [outcome], "delays": [30.0],
+        "ids": [job_id], "claims": [1], "outcomes": [outcome], "delays": [30.0],
         "errors": [error], "results": None, "worker": "w1", "now": now,
     })  # fmt: skip
 
 
 def running(conn: Any, job_type: str = "mail") -> int:
-    return add_job(conn, job_type, "running", attempts=1, locked_by="w1", started_at=NOW)
+    return add_job(conn, job_type, "running", attempts=1, claims=1, locked_by="w1", started_at=NOW)
 
 
 def test_every_failed_attempt_is_counted_by_minute_and_type_and_nothing_else(conn):
