@@ -86,6 +86,10 @@ class Loop:
         """Wait `seconds`, or until stopped (True: stopped)."""
         return self._stop.wait(seconds)
 
+    def failed(self, exc: BaseException) -> None:
+        """A round failed (called by `step` before it waits; a service loop
+        remembers it)."""
+
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
         """`run` in a daemon thread of its own."""
@@ -137,26 +141,32 @@ class Loop:
         try:
             self.run_once()
             wait = self.next_wait()
-        except DatabaseUnavailable as exc:
+        except Exception as exc:
+            self.failed(exc)
+            return self._after_failure(exc)
+        self.rounds += 1
+        self.backoff.reset()
+        return wait
+
+    def _after_failure(self, exc: Exception) -> float:
+        """Handle a round's failure by its kind: how long to wait before the next."""
+        if isinstance(exc, ConnectionOptionRefused):
+            self.close()
+            raise exc  # bad input, which no wait mends: the loop's owner says why
+        if isinstance(exc, DatabaseUnavailable):
             self.close()
             wait = self.backoff.next()
             self.log.warning(
                 "%s: database unavailable (%s); next try in %.1fs", self.name, exc, wait
             )
             return wait
-        except DatabaseError as exc:
+        if isinstance(exc, DatabaseError):
             self.log.error("%s: refused (%s)", self.name, exc)
             return self.interval
-        except ConnectionOptionRefused:
-            self.close()
-            raise  # bad input, which no wait mends: the loop's owner says why
-        except Exception:  # a loop must outlive whatever one round meets
-            self.close()
-            wait = self.backoff.next()
-            self.log.exception("%s: round failed; next try in %.1fs", self.name, wait)
-            return wait
-        self.rounds += 1
-        self.backoff.reset()
+        # A loop must outlive whatever one round meets.
+        self.close()
+        wait = self.backoff.next()
+        self.log.error("%s: round failed; next try in %.1fs", self.name, wait, exc_info=exc)
         return wait
 
     # -- the loop's connection ----------------------------------------------------

@@ -43,8 +43,19 @@ class ReaperSettings:
     """The retry delays of an expired job, as for a failed attempt (a worker's
     reaper uses the worker's own backoff)."""
 
+    recovery_grace_seconds: float = 30.0
+    """After failed passes (the database away, or taking no writes), how long the
+    database must have answered the reaper again before it gives back expired
+    leases, in seconds. A lease that ran out during an outage ran out for its
+    worker too, which could neither renew it nor write the outcome it holds;
+    workers retry within their reconnect backoff (at most 10 s by default),
+    plus a connect timeout (5 s), and then renew and write at once. The default
+    leaves that twice over. Meanwhile the reaper still wakes waiting jobs that
+    came due. 0: no grace. A reaper that starts with the database up reaps at once."""
+
     def __post_init__(self) -> None:
         limits.interval_seconds(self.interval_seconds, "reaper interval")
+        limits.delay_seconds(self.recovery_grace_seconds, "reaper recovery grace")
         if self.batch_size < 1 or self.max_batches < 1:
             raise InvalidInput("reaper needs batch_size >= 1 and max_batches >= 1")
 
@@ -86,6 +97,10 @@ class Reaper(Service):
     def interval_seconds(self) -> float:
         return self.settings.interval_seconds
 
+    @property
+    def recovery_grace_seconds(self) -> float:  # type: ignore[override]
+        return self.settings.recovery_grace_seconds
+
     def next_wait(self, conn: Conn) -> float:
         """Until the earliest lease expires or waiting job comes due, at most the
         interval: a dead worker's job is back within its lease, not a pass later."""
@@ -113,6 +128,13 @@ class Reaper(Service):
         return ReapResult(
             found[Status.READY], found[Status.DEAD], found[Status.CANCELLED], capped, woken
         )
+
+    def run_recovering(self, conn_or_dsn: ConnOrDsn, now: datetime | None = None) -> ReapResult:
+        """A pass of the recovery grace: expired leases are left to their workers,
+        waiting jobs that came due are woken (a write: it also tells whether the
+        database takes writes again)."""
+        with connection(conn_or_dsn) as conn:
+            return ReapResult(capped=False, woken=self._wake_due(conn, now))
 
     def _wake_due(self, conn: Conn, now: datetime | None) -> list[int]:
         """Waiting jobs whose time came are ready again (rota.durable.wake_due), and

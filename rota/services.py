@@ -9,14 +9,22 @@ workers, one thread per service; it turns the service on the one loop shape
 (`rota.loops.Loop`, as `ServiceLoop`), with its backoff. Tests call `run_once` with a frozen clock.
 Every service is safe to run in many processes at once (SKIP LOCKED, capped
 batches, idempotency keys), so a loop never coordinates with other loops.
+
+A service that takes work away from workers (the reaper) has a recovery grace:
+after its passes failed, the database must have answered it again for that long
+before it runs full passes (`Recovery`). Workers that lived through the same
+outage first renew the leases and write the outcomes they held: a lease is not
+taken from a worker for the time the database was away from both.
 """
 
 from __future__ import annotations
 
 import abc
+import enum
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol
 
@@ -53,6 +61,9 @@ class Service(abc.ABC):
     """Shown in logs and in the application_name of the service's connection."""
     wake_channel: str | None = None
     """A NOTIFY channel that ends the wait before the next pass."""
+    recovery_grace_seconds: float = 0.0
+    """After failed passes, how long the database must have answered again before
+    a full pass (`run_recovering` meanwhile); 0: at once."""
 
     @property
     @abc.abstractmethod
@@ -62,6 +73,11 @@ class Service(abc.ABC):
     @abc.abstractmethod
     def run_once(self, conn_or_dsn: db.ConnOrDsn, now: datetime | None = None) -> Result:
         """One pass; `now` freezes the clock for tests (default: the database's)."""
+
+    def run_recovering(self, conn_or_dsn: db.ConnOrDsn, now: datetime | None = None) -> Result:
+        """A pass during the recovery grace: what is safe at once after an outage
+        (the whole pass unless the service says otherwise)."""
+        return self.run_once(conn_or_dsn, now)
 
     def next_wait(self, conn: db.Conn) -> float:
         """Seconds to wait before the next pass (a service may know it sooner)."""
@@ -81,11 +97,57 @@ class Service(abc.ABC):
         return wait
 
 
+class Phase(enum.Enum):
+    """Where a service loop stands with respect to outages."""
+
+    STEADY = "steady"
+    """Passes work: each is a full pass."""
+    AWAY = "away"
+    """The last pass failed (the database away, or refusing the pass)."""
+    RECOVERING = "recovering"
+    """A pass worked again after failed ones; full passes wait for the grace."""
+
+
+class Recovery:
+    """The recovery grace of a loop (see the module's docstring): one phase, moved
+    by `failed` and `full_pass`; time from `clock` (monotonic seconds)."""
+
+    def __init__(
+        self, grace_seconds: float, clock: Callable[[], float], away: bool = False
+    ) -> None:
+        self.grace_seconds = grace_seconds
+        self.clock = clock
+        self.phase = Phase.AWAY if away else Phase.STEADY
+        self.back_at = 0.0
+        """When the first pass after failed ones began (in RECOVERING)."""
+
+    def failed(self) -> None:
+        self.phase = Phase.AWAY
+
+    def full_pass(self) -> bool:
+        """Whether the pass about to run is a full one; moves AWAY to RECOVERING (the
+        grace starts now) and RECOVERING to STEADY once the grace is over."""
+        if self.phase is Phase.AWAY:
+            self.phase, self.back_at = Phase.RECOVERING, self.clock()
+        if self.phase is Phase.RECOVERING and self.left() <= 0:
+            self.phase = Phase.STEADY
+        return self.phase is Phase.STEADY
+
+    def left(self) -> float:
+        """Seconds of the grace still to run (0 out of RECOVERING)."""
+        if self.phase is not Phase.RECOVERING:
+            return 0.0
+        return max(self.back_at + self.grace_seconds - self.clock(), 0.0)
+
+
 class ServiceLoop(Loop):
     """A service's passes on the one loop shape (`rota.loops.Loop`): its own
     connection with the answer deadline, LISTENing on the wake channel; after a
     pass, at once if it was capped, else after the service's `next_wait` (at
-    least `IDLE_WAIT_FLOOR_SECONDS` if it acted on nothing) or a NOTIFY."""
+    least `IDLE_WAIT_FLOOR_SECONDS` if it acted on nothing) or a NOTIFY. After
+    failed passes, `recovery` holds full passes back for the service's grace
+    (`away`: the loop starts as after failed passes, its owner having waited
+    for the database); `clock` is for tests."""
 
     log = log
     run_at_start = True
@@ -96,6 +158,9 @@ class ServiceLoop(Loop):
         dsn: str,
         stop: threading.Event,
         deadlines: Deadlines,
+        *,
+        away: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         name = f"rota-{service.name}"
         super().__init__(
@@ -108,12 +173,30 @@ class ServiceLoop(Loop):
         self.service = service
         self.result: Result | None = None
         """What the last pass did."""
+        self.recovery = Recovery(service.recovery_grace_seconds, clock, away)
 
     def run_once(self) -> None:
         self.result = None
-        self.result = result = self.service.run_once(self.connection())
+        conn = self.connection()
+        before = self.recovery.phase
+        if self.recovery.full_pass():
+            self.result = result = self.service.run_once(conn)
+            if before is Phase.RECOVERING:
+                self.log.info("%s: the recovery grace is over; full passes again", self.name)
+        else:
+            self.result = result = self.service.run_recovering(conn)
+            if before is Phase.AWAY:
+                self.log.warning(
+                    "%s: the database answers again; full passes wait %gs, for workers"
+                    " to renew the leases and write the outcomes they held meanwhile",
+                    self.name,
+                    self.recovery.grace_seconds,
+                )
         if result.count:
             self.log.info("%s: %s", self.service.name, result)
+
+    def failed(self, exc: BaseException) -> None:
+        self.recovery.failed()
 
     def connected(self, conn: db.Conn) -> None:
         if self.service.wake_channel is not None:
@@ -123,6 +206,8 @@ class ServiceLoop(Loop):
         result = self.result
         if result is None or result.capped:
             return 0.0
+        if self.recovery.phase is Phase.RECOVERING:
+            return min(self.recovery.left(), self.interval) + 0.01
         wait = self.service.next_wait(self.connection())
         return max(wait, IDLE_WAIT_FLOOR_SECONDS) if not result.count else wait
 
@@ -152,6 +237,7 @@ def run_loop(
     once: bool = False,
     connection: ConnectionSettings | None = None,
     deadlines: Deadlines | None = None,
+    away: bool = False,
 ) -> list[Result]:
     """Run `service` until `stop` is set, logging what each pass did.
 
@@ -162,8 +248,10 @@ def run_loop(
     `deadlines`, a watchdog of its own when None): a connection that stops
     answering ends the pass as an outage, and the next pass opens a new one
     (after the loop's backoff: 0.1 s doubling up to the service's interval).
+    `away`: the caller waited for the database, as after failed passes (see
+    `Recovery`).
     """
-    loop = ServiceLoop(service, dsn, stop, deadlines or Deadlines(connection))
+    loop = ServiceLoop(service, dsn, stop, deadlines or Deadlines(connection), away=away)
     if not once:
         loop.run()
         return []
@@ -188,8 +276,9 @@ def start_thread(
     stop: threading.Event,
     connection: ConnectionSettings | None = None,
     deadlines: Deadlines | None = None,
+    away: bool = False,
 ) -> ServiceLoop:
     """`service`'s loop in a daemon thread of its own, until `stop` is set."""
-    loop = ServiceLoop(service, dsn, stop, deadlines or Deadlines(connection))
+    loop = ServiceLoop(service, dsn, stop, deadlines or Deadlines(connection), away=away)
     loop.start()
     return loop

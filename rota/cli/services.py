@@ -79,6 +79,7 @@ class Watched(Service):
         self.inner = inner
         self.name = inner.name
         self.wake_channel = inner.wake_channel
+        self.recovery_grace_seconds = inner.recovery_grace_seconds
         self.last_pass_ok = False
 
     @property
@@ -88,6 +89,12 @@ class Watched(Service):
     def run_once(self, conn_or_dsn: db.ConnOrDsn, now: datetime | None = None) -> Result:
         self.last_pass_ok = False
         result = self.inner.run_once(conn_or_dsn, now)
+        self.last_pass_ok = True
+        return result
+
+    def run_recovering(self, conn_or_dsn: db.ConnOrDsn, now: datetime | None = None) -> Result:
+        self.last_pass_ok = False
+        result = self.inner.run_recovering(conn_or_dsn, now)
         self.last_pass_ok = True
         return result
 
@@ -118,30 +125,35 @@ def _run(service: Service, args: argparse.Namespace) -> int:
             what=f"the {service.name}'s probes",
             option="--health-port",
         )
+    away = False
     if once:
         require_current(dsn)
     else:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        _wait_until_usable(dsn, stop)
-    run_loop(service, dsn, stop, once=once, connection=connection)
+        away = _wait_until_usable(dsn, stop)
+    run_loop(service, dsn, stop, once=once, connection=connection, away=away)
     return 0
 
 
-def _wait_until_usable(dsn: str, stop: threading.Event) -> None:
+def _wait_until_usable(dsn: str, stop: threading.Event) -> bool:
     """Like a worker, a service started before its database (or its migration)
     waits for it instead of exiting: 0.5 s doubling to 10 s between tries. An
     option libpq refuses is no outage: its `ConnectionOptionRefused` passes
-    through, and the command exits 2 at once."""
+    through, and the command exits 2 at once. True: it had to wait (the loop
+    then starts as after failed passes: `rota.services.Recovery`)."""
     delay = 0.5
+    waited = False
     while not stop.is_set():
         try:
             require_current(dsn)
-            return
+            return waited
         except (DatabaseUnavailable, MigrationError) as exc:
             log.warning("waiting for the database (%s); next try in %.1fs", one_line(exc), delay)
+            waited = True
             stop.wait(delay)
             delay = min(delay * 2, 10.0)
+    return waited
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:

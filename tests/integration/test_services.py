@@ -24,7 +24,7 @@ from rota.errors import DatabaseUnavailable
 from rota.reaper import Reaper, ReaperSettings
 from rota.schedule_store import ScheduleSpec
 from rota.scheduler import Scheduler, SchedulerSettings
-from rota.services import Service, run_loop
+from rota.services import Service, ServiceLoop, run_loop
 from rota.settings import ConnectionSettings
 from tests.acceptance.procs import wait_for
 from tests.worker.helpers import _proxy
@@ -75,7 +75,8 @@ def _status(conn: psycopg.Connection[Any], job_id: int) -> str:
 def test_a_reaper_whose_database_stops_answering_reconnects_within_the_deadline(
     conn: psycopg.Connection[Any], db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    reaper = Reaper(ReaperSettings(interval_seconds=0.2))
+    # No recovery grace: what is measured is how soon it reaps over a new connection.
+    reaper = Reaper(ReaperSettings(interval_seconds=0.2, recovery_grace_seconds=0))
     with (
         caplog.at_level(logging.WARNING),
         _proxy(db_url) as (proxy, through),
@@ -134,3 +135,81 @@ def test_each_answer_has_its_own_deadline_however_long_the_pass(db_url: str) -> 
             conn.execute("SELECT pg_sleep(30)")
         assert time.monotonic() - started < 10
         assert deadlines.severed == 1
+
+
+class Clock:
+    """Monotonic seconds that move only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_after_failed_passes_the_reaper_leaves_expired_leases_to_their_workers_for_its_grace(
+    conn: psycopg.Connection[Any], db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A lease that ran out while the database was away ran out for its worker
+    # too: it could neither renew it nor write the outcome it holds. The reaper
+    # gives the worker its recovery grace, counted from when passes work again.
+    clock = Clock()
+    reaper = Reaper(ReaperSettings(recovery_grace_seconds=30))
+    loop = ServiceLoop(reaper, db_url, threading.Event(), Deadlines(TIMEOUTS), clock=clock)
+    try:
+        first = _expire(conn, "first")
+        loop.step()
+        assert _status(conn, first) == "ready"  # no failure seen: reaped at once
+
+        # The database takes no writes (a failover's fenced primary, say).
+        loop.connection().execute("SET default_transaction_read_only = on")
+        second = _expire(conn, "second")
+        loop.step()
+        # Back: the next pass works, and starts the grace.
+        clock.now = 100.0
+        with caplog.at_level(logging.WARNING):
+            loop.step()
+        assert "full passes wait 30s" in caplog.text
+        clock.now = 129.0
+        loop.step()
+        assert _status(conn, second) == "running"  # left to its worker
+        clock.now = 130.0
+        loop.step()
+        assert _status(conn, second) == "ready"  # its worker did not come back
+
+        # The connection ends under the reaper (a restart): the same again.
+        pid = loop.connection().info.backend_pid
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        third = _expire(conn, "third")
+        loop.step()
+        clock.now = 200.0
+        loop.step()
+        clock.now = 229.0
+        loop.step()
+        assert _status(conn, third) == "running"
+        clock.now = 230.0
+        loop.step()
+        assert _status(conn, third) == "ready"
+    finally:
+        loop.close()
+
+
+def test_a_reaper_started_after_waiting_for_its_database_gives_the_grace_too(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    # `rota reaper` (and a worker) that had to wait for the database at start
+    # starts as after failed passes: workers may hold leases through that outage.
+    clock = Clock()
+    reaper = Reaper(ReaperSettings(recovery_grace_seconds=30))
+    loop = ServiceLoop(
+        reaper, db_url, threading.Event(), Deadlines(TIMEOUTS), away=True, clock=clock
+    )
+    try:
+        job_id = _expire(conn, "t")
+        loop.step()
+        assert _status(conn, job_id) == "running"
+        clock.now = 30.0
+        loop.step()
+        assert _status(conn, job_id) == "ready"
+    finally:
+        loop.close()

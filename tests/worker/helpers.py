@@ -33,14 +33,10 @@ def _async_handlers(**funcs: Callable[[Job], Awaitable[None]]) -> dict[str, Hand
 def _running(
     db_url: str, handlers: dict[str, Handler], concurrency: int, **settings_: Any
 ) -> Iterator[Worker]:
-    """A worker of `handlers` in a thread of this process, stopped at the end (and
-    joined within 30 s)."""
-    settings = WorkerSettings(
-        concurrency=concurrency,
-        run_reaper=False,
-        run_scheduler=False,
-        **{"poll_interval_seconds": 0.2, **settings_},
-    )
+    """A worker of `handlers` in a thread of this process (no reaper, no scheduler
+    unless `settings_` say so), stopped at the end (and joined within 30 s)."""
+    defaults = {"poll_interval_seconds": 0.2, "run_reaper": False, "run_scheduler": False}
+    settings = WorkerSettings(concurrency=concurrency, **{**defaults, **settings_})
     worker = Worker(db_url, settings, handlers=handlers)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()

@@ -17,7 +17,7 @@ import time
 
 from rota import db
 from rota.deadlines import Deadlines
-from rota.services import Service, ServiceLoop
+from rota.services import Phase, Service, ServiceLoop
 
 RECHECK_GAP_SECONDS = 0.05
 """Least time between two rechecks: a burst of suspensions asks the database once."""
@@ -27,9 +27,14 @@ class ReaperLoop(ServiceLoop):
     """`rota.services.ServiceLoop` whose wait a `recheck` shortens."""
 
     def __init__(
-        self, service: Service, dsn: str, stop: threading.Event, deadlines: Deadlines
+        self,
+        service: Service,
+        dsn: str,
+        stop: threading.Event,
+        deadlines: Deadlines,
+        away: bool = False,
     ) -> None:
-        super().__init__(service, dsn, stop, deadlines)
+        super().__init__(service, dsn, stop, deadlines, away=away)
         self._asked = threading.Condition()
         self._sooner = False
 
@@ -52,7 +57,10 @@ class ReaperLoop(ServiceLoop):
         return self.stopping
 
     def _next_wait(self) -> float:
-        """How long until the reaper has something to do (the interval if unknown)."""
+        """How long until the reaper has something to do (the interval if unknown;
+        the end of its recovery grace while that runs)."""
+        if self.recovery.phase is Phase.RECOVERING:
+            return self.recovery.left() + 0.01
         try:
             return self.service.next_wait(self.connection())
         except Exception as exc:  # a loop outlives whatever one round meets

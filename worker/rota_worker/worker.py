@@ -204,6 +204,8 @@ class Worker:
         self.probes = Probes(self)
         self.reaping: ReaperLoop | None = None
         """The reaper's loop while it runs in this worker."""
+        self._waited = False
+        """The database was away when the worker started (see `_start_service`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _default_services(self) -> list[Service]:
@@ -272,7 +274,7 @@ class Worker:
                 await loop.run_in_executor(io, self.registry.register)
                 self.registry.start()
                 for service in self.services:
-                    self._start_service(service, services_stop)
+                    self._start_service(service, services_stop, self._waited)
                 self.leases.start_on(loop)
                 self.stalls.start()
                 # Its first round before the first claim: which types are
@@ -304,12 +306,14 @@ class Worker:
             io.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.outcomes.written)
 
-    def _start_service(self, service: Service, stop: threading.Event) -> None:
+    def _start_service(self, service: Service, stop: threading.Event, away: bool) -> None:
+        """`away`: the worker waited for its database, and so may other workers
+        holding leases: the reaper starts as after failed passes (its recovery grace)."""
         if isinstance(service, Reaper):
-            self.reaping = ReaperLoop(service, self.dsn, stop, self.deadlines)
+            self.reaping = ReaperLoop(service, self.dsn, stop, self.deadlines, away)
             self.reaping.start()
         else:
-            start_thread(service, self.dsn, stop, deadlines=self.deadlines)
+            start_thread(service, self.dsn, stop, deadlines=self.deadlines, away=away)
 
     def _stop_loops(self) -> None:
         for background in reversed(self.loops):
@@ -324,12 +328,14 @@ class Worker:
         the run at once.
         """
         backoff = Backoff(first=0.5, most=self.settings.reconnect_max_seconds)
+        self._waited = False
         while not self._stopping.is_set():
             self.claims.last_tick = time.monotonic()
             try:
                 await asyncio.get_running_loop().run_in_executor(io, require_current, self.dsn)
                 return True
             except (DatabaseUnavailable, MigrationError) as exc:
+                self._waited = True
                 delay = backoff.next()
                 log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
                 await first(self._stopping, timeout=delay)
