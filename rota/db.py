@@ -71,6 +71,23 @@ def is_unavailable(exc: BaseException) -> bool:
     return state.startswith(OUTAGE_SQLSTATES)
 
 
+PASSING_SQLSTATES = ("40001", "40P01", "55P03", "55006", "57014", "53", "58030")
+"""SQLSTATEs (or their prefixes) of a refusal that says nothing about the
+statement, which the same statement may pass later: a serialization failure
+(40001), a deadlock (40P01), a lock not had in time (55P03: lock_timeout),
+an object in use (55006), a statement cancelled (57014: statement_timeout, or
+somebody's pg_cancel_backend), the server short of resources (class 53: disk
+full, out of memory), an I/O error (58030)."""
+
+
+def is_passing(exc: BaseException) -> bool:
+    """True for a refusal worth trying again as it is (`PASSING_SQLSTATES`), for a
+    psycopg error or one of ours that wraps it."""
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    state = getattr(cause, "sqlstate", None)
+    return isinstance(state, str) and state.startswith(PASSING_SQLSTATES)
+
+
 class RefusedByDatabase(InvalidInput, DatabaseError):
     """A value the database's own checks refused (docs/limits.md).
 

@@ -1,6 +1,6 @@
 """The outcome buffer against a real database: batches written and settled, lost
-leases told from jobs the handler completed itself, and one outcome the database
-refuses holding back no other."""
+leases told from jobs the handler completed itself, one outcome the database
+refuses holding back no other, and a refusal that passes (a lock) giving up none."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 import rota
 from rota import claim as claims
@@ -101,3 +102,44 @@ def test_an_outcome_the_database_refuses_holds_back_no_other(conn, db_url, io) -
     assert buffer.written == 4
     statuses = [row(conn, i)["status"] for i in ids]
     assert statuses == ["ready", "running", "ready", "ready"]  # the refused one: nothing written
+
+
+def test_an_outcome_whose_row_is_locked_for_a_while_waits_and_is_written_once(
+    conn, db_url, io, monkeypatch
+) -> None:
+    # A lock not had within the lock timeout says nothing about the outcome:
+    # it is tried again (the lease still held), not given up.
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(2)])
+    jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}
+    buffer, settled = _buffer(batch_size=10)
+    for job_id in ids:
+        _ended(buffer, jobs[job_id], Attempt.of(jobs[job_id], Outcome.DONE, 60, None, type="t"))
+    tries: list[int] = []
+    write = claims.write_outcomes
+
+    def counted(*args, **kwargs):
+        tries.append(1)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "write_outcomes", counted)
+    short_lock = make_conninfo(db_url, options="-c lock_timeout=100ms")
+
+    async def write_all(locker: psycopg.Connection) -> None:
+        link = Link(short_lock, "flush", io)
+        writer = asyncio.create_task(buffer.run(link))
+        try:
+            while len(tries) < 3:  # refused, tried again and refused again
+                await asyncio.sleep(0.01)
+            assert not settled
+            locker.rollback()
+            await buffer.attempts.settled_all()
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            link.close()
+
+    with psycopg.connect(db_url) as locker:
+        locker.execute("SELECT FROM rota.job WHERE id = %s FOR UPDATE", (ids[0],))
+        asyncio.run(asyncio.wait_for(write_all(locker), 60))
+    assert sorted(settled) == sorted(ids)
+    assert [row(conn, i)["status"] for i in ids] == ["done", "done"]

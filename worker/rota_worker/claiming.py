@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 
 from rota.attempt import Key
+from rota.db import is_passing
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Job, Status
 from rota_worker.attempts import Attempts, Execution
@@ -197,6 +198,12 @@ class ClaimLoop:
 
     async def _after_refusal(self, lane: Lane, batch: list[Execution], exc: DatabaseError) -> None:
         self.outcomes.carry(False)
+        if batch and is_passing(exc):
+            # A lock not had in time, a statement timeout, a deadlock: the same
+            # outcomes go again, with a later claim or by the buffer, after a wait.
+            self.outcomes.restore(batch)
+            await self._wait_after(exc, lane.backoff)
+            return
         if batch:
             # Perhaps one outcome the database cannot take: the buffer writes
             # them one at a time, and this lane claims without them.

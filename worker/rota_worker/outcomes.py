@@ -2,7 +2,9 @@
 
 Outcomes are written by one statement per batch, each conditional on the
 lease. While the database is away they stay in memory and are written when it
-is back (an outage costs no attempt and loses no completion). An outcome the
+is back (an outage costs no attempt and loses no completion); so do they while
+the database refuses their write for a reason that passes (a lock not had in
+time, a statement timeout, a deadlock: `rota.db.is_passing`). An outcome the
 database did not take means the lease was lost, with one benign exception: the
 handler completed its own job in its own transaction (`rota.complete`), so the
 row is already done by this worker at this attempt.
@@ -20,6 +22,7 @@ import asyncio
 import logging
 
 from rota import claim as claims
+from rota import db
 from rota.attempt import Attempt, Key
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Outcome, Status
@@ -122,11 +125,13 @@ class OutcomeBuffer:
                         await self._write_alone(link)
                     else:
                         await self.flush(link)
-                except DatabaseUnavailable as exc:
+                except (DatabaseUnavailable, DatabaseError) as exc:
+                    # Away, or refused for a reason that passes: what was not
+                    # written waits, and is tried again after the wait.
                     delay = backoff.next()
                     log.warning(
                         "%d outcomes wait for the database (%s); retry in %.1fs",
-                        len(self.pending),
+                        len(self.pending) + len(self._alone),
                         exc,
                         delay,
                     )
@@ -146,6 +151,9 @@ class OutcomeBuffer:
         try:
             written = await link.run(claims.write_outcomes, self.worker_id, self.to_write(batch))
         except DatabaseError as exc:
+            if db.is_passing(exc):
+                self.restore(batch)
+                raise  # tried again as it is, after a wait
             self.refused(batch, exc)
             return
         except BaseException:
@@ -155,13 +163,18 @@ class OutcomeBuffer:
 
     async def _write_alone(self, link: Link) -> None:
         """Write the first refused outcome in a statement of its own. One the database
-        refuses again is given up: nothing is written, the lease is let go, and the
-        job runs again once it expires (the reaper counts the attempt)."""
+        refuses again, for a reason about the outcome itself (a value it cannot
+        take), is given up: nothing is written, the lease is let go, and the job
+        runs again once it expires (the reaper counts the attempt). A refusal that
+        passes keeps it, to be tried again after a wait."""
         record = self._alone.pop(0)
         attempt = _outcome(record)
         try:
             written = await link.run(claims.write_outcomes, self.worker_id, self.to_write([record]))
         except DatabaseError as exc:
+            if db.is_passing(exc):
+                self._alone.insert(0, record)
+                raise
             log.error(
                 "job %s (%s) attempt %d: the database refused its outcome (%s: %s);"
                 " nothing written, the job runs again when its lease expires",
