@@ -79,6 +79,10 @@ class Service(abc.ABC):
         (the whole pass unless the service says otherwise)."""
         return self.run_once(conn_or_dsn, now)
 
+    def failed(self, exc: BaseException) -> None:  # noqa: B027 - a hook most services ignore
+        """A pass failed, connecting for it included (its loop tells; a service
+        that reports readiness listens)."""
+
     def next_wait(self, conn: db.Conn) -> float:
         """Seconds to wait before the next pass (a service may know it sooner)."""
         return self.interval_seconds
@@ -197,6 +201,7 @@ class ServiceLoop(Loop):
 
     def failed(self, exc: BaseException) -> None:
         self.recovery.failed()
+        self.service.failed(exc)
 
     def connected(self, conn: db.Conn) -> None:
         if self.service.wake_channel is not None:

@@ -98,6 +98,11 @@ class Watched(Service):
         self.last_pass_ok = True
         return result
 
+    def failed(self, exc: BaseException) -> None:
+        # Connecting for the pass failed, or the pass did: not ready either way.
+        self.last_pass_ok = False
+        self.inner.failed(exc)
+
     def next_wait(self, conn: db.Conn) -> float:
         return self.inner.next_wait(conn)
 

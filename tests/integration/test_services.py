@@ -14,10 +14,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
 
 import rota
 from rota import claim as claims
 from rota import schedule_store
+from rota.cli.services import Watched
 from rota.db import errors_wrapped
 from rota.deadlines import Deadlines
 from rota.errors import DatabaseUnavailable
@@ -212,4 +215,33 @@ def test_a_reaper_started_after_waiting_for_its_database_gives_the_grace_too(
         loop.step()
         assert _status(conn, job_id) == "ready"
     finally:
+        loop.close()
+
+
+def test_a_scheduler_is_not_ready_while_connecting_for_its_pass_fails(
+    conn: psycopg.Connection[Any], db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `rota scheduler --health-port`: after its wait for a NOTIFY found the
+    # connection dead and closed it, each later pass fails while connecting,
+    # before the scheduler's own pass begins; /readyz must say so.
+    watched = Watched(Scheduler(SchedulerSettings(poll_interval_seconds=0.5)))
+    ready = watched.pages()["/readyz"]
+    loop = ServiceLoop(watched, db_url, threading.Event(), Deadlines(TIMEOUTS))
+    allow = pgsql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}")
+    database = pgsql.Identifier(conn.info.dbname)
+    admin = psycopg.connect(make_conninfo(db_url, dbname="postgres"), autocommit=True)
+    try:
+        loop.step()
+        assert ready()[0] == 200
+        pid = loop.connection().info.backend_pid
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with caplog.at_level(logging.WARNING):
+            loop.wait(5.0)  # the NOTIFY wait meets the end and closes the connection
+        assert "waiting failed" in caplog.text
+        admin.execute(allow.format(database, pgsql.SQL("false")))
+        loop.step()
+        assert ready()[0] == 503
+    finally:
+        admin.execute(allow.format(database, pgsql.SQL("true")))
+        admin.close()
         loop.close()
