@@ -141,23 +141,43 @@ def test_a_lease_row_locked_by_someone_holds_back_no_other_lease(conn, db_url) -
     assert row(conn, ids[1])["locked_until"] > row(conn, ids[0])["locked_until"]
 
 
-def test_healthz_fails_when_no_renewal_succeeded_for_a_lease(conn, db_url) -> None:
+class Clock:
+    """Monotonic seconds that move only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_healthz_fails_when_the_heartbeat_stops_trying_not_while_the_database_is_away(
+    conn, db_url
+) -> None:
+    # Liveness is for a stuck worker: an outage, however long, is readiness's
+    # business (restarting the worker would throw away the outcomes it holds).
     rota.enqueue(conn, "t")
     (job,) = claims.claim(conn, "w", 1, 30)
     attempts = Attempts(concurrency=1, lease_seconds=30)
-    renewal = _renewal(make_conninfo(db_url, port=_closed_port()), attempts)
-    renewal.step()  # nothing held: nothing to renew, all is well
-    assert renewal.overdue() is None
+    clock = Clock()
+    d = Deadlines()
+    away = make_conninfo(db_url, port=_closed_port())
+    connect = functools.partial(d.connect, away, "rota-worker-heartbeat", lock_timeout=True)
+    renewal = LeaseRenewal(
+        "w", attempts, connect, d.watch, reconnect_max_seconds=10, answer_seconds=40, clock=clock
+    )
     attempts.claimed(job, None, 0.0)
-    renewal.last_ok -= 29
-    renewal.step()  # the database refuses connections: no renewal succeeds
-    assert renewal.overdue() is None  # not a whole lease yet
-    renewal.last_ok -= 1
-    assert "no heartbeat succeeded for 30s" in (renewal.overdue() or "")
-    real = _renewal(db_url, attempts)
-    real.step()
-    assert real.overdue() is None
-    real.close()
+    for _ in range(10):  # the database refuses connections for 10 minutes
+        clock.now += 60
+        renewal.step()
+        assert renewal.overdue() is None
+    # A round may take the answer deadline, and the next come a backoff step
+    # later: the heartbeat is stuck only past a lease, a backoff and a deadline.
+    clock.now += 30 + 10 + 40 - 1
+    assert renewal.overdue() is None
+    clock.now += 1
+    assert "heartbeat stuck: no round ended for 80s" in (renewal.overdue() or "")
+    renewal.close()
 
 
 def _closed_port() -> int:

@@ -45,32 +45,47 @@ class LeaseRenewal(Loop):
         connect: Callable[[], db.Conn],
         watch: Callable[[db.Conn], contextlib.AbstractContextManager[None]],
         reconnect_max_seconds: float = 10.0,
+        answer_seconds: float = 40.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(attempts.lease_seconds / 3, connect, reconnect_max_seconds)
         self.worker_id = worker_id
         self.attempts = attempts
         self._watch = watch
+        self._clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop that applies what a round found (set at start)."""
-        self.last_ok = time.monotonic()
-        """When a round last renewed every lease it was asked to (or had none to)."""
+        self.stuck_seconds = attempts.lease_seconds + reconnect_max_seconds + answer_seconds
+        """No round ending for this long is a stuck heartbeat: rounds come every
+        third of a lease, or a backoff step (at most `reconnect_max_seconds`)
+        after a failed one, and each ends within the answer deadline
+        (`answer_seconds`) however the database is."""
+        self.last_round = clock()
+        """When a round last ended, its leases renewed or not."""
 
     def start_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the thread (on the event loop, which then turns: the time spent
         waiting for the database before is no missed renewal)."""
         self.loop = loop
-        self.last_ok = time.monotonic()
+        self.last_round = self._clock()
         self.start()
 
+    def step(self) -> float:
+        wait = super().step()
+        self.last_round = self._clock()
+        return wait
+
     def overdue(self) -> str | None:
-        """Why /healthz fails: no round renewed the leases for a whole lease while
-        attempts are held (None when one did, or nothing is held)."""
-        since = time.monotonic() - self.last_ok
-        lease = self.attempts.lease_seconds
-        if len(self.attempts) and since >= lease:
+        """Why /healthz fails: the heartbeat is stuck, no round having ended (renewed
+        or failed) for `stuck_seconds` while attempts are held (None otherwise).
+        A database that cannot be reached fails no round's ending: it is for
+        /readyz, and a restart would throw away the outcomes the worker holds."""
+        since = self._clock() - self.last_round
+        if len(self.attempts) and since >= self.stuck_seconds:
             return (
-                f"no heartbeat succeeded for {since:.0f}s (the lease is"
-                f" {lease:g}s) while {len(self.attempts)} attempts are held"
+                f"heartbeat stuck: no round ended for {since:.0f}s (each ends within"
+                f" {self.stuck_seconds:g}s of the last) while {len(self.attempts)}"
+                " attempts are held"
             )
         return None
 
@@ -79,11 +94,8 @@ class LeaseRenewal(Loop):
         records = self.attempts.snapshot()
         keys = {record.key for record in records}
         if not keys:
-            self.last_ok = time.monotonic()
             return
         leases, unknown = self._extend(keys)
-        if not unknown:
-            self.last_ok = time.monotonic()
         if self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: the worker stopped
                 self.loop.call_soon_threadsafe(self.attempts.renewed, records, leases, unknown)

@@ -179,7 +179,7 @@ class Worker:
         self.leases = LeaseRenewal(
             self.worker_id, self.attempts,
             functools.partial(connect, "rota-worker-heartbeat", lock_timeout=True),
-            d.watch, s.reconnect_max_seconds,
+            d.watch, s.reconnect_max_seconds, s.connection.answer_timeout_seconds,
         )  # fmt: skip
         self.stalls = StallWatch(s.loop_stall_seconds)
         self.probe = FloorProbe(
