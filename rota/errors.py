@@ -8,6 +8,13 @@ its default message.
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """`exc`'s message on one line (libpq's run over several: "server closed the
+    connection unexpectedly" and two lines of "This probably means..."), for log
+    lines and the CLI's one-line errors."""
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+
+
 class RotaError(Exception):
     """Rota failed."""
 

@@ -30,8 +30,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+def _not_a_lost_pipeline(record: logging.LogRecord) -> bool:
+    """False for psycopg's note that ending a pipeline failed on a lost connection
+    ("error ignored terminating <psycopg.Pipeline [BAD]>", libpq's lines after
+    it) while the error of the statements in it propagates: Rota reports that
+    error, once and on one line."""
+    return not (
+        record.msg == "error ignored terminating %r: %s"
+        and isinstance(record.args, tuple)
+        and "[BAD]" in repr(record.args[0])
+    )
+
+
 def configure(level: int = logging.INFO, fmt: str = "text") -> None:
     """Send logs to stderr, as text or JSON lines."""
+    psycopg_log = logging.getLogger("psycopg")
+    if _not_a_lost_pipeline not in psycopg_log.filters:
+        psycopg_log.addFilter(_not_a_lost_pipeline)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()

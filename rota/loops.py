@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 
 from rota import db
-from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable
+from rota.errors import ConnectionOptionRefused, DatabaseError, DatabaseUnavailable, one_line
 
 STOP_WAIT_SECONDS = 1.0
 """How long `stop` waits for a round in flight (the thread is a daemon: a stopping
@@ -103,7 +103,7 @@ class Loop:
             self.run()
         except ConnectionOptionRefused as exc:
             # Nobody to raise it to: the process checks its options at start.
-            self.log.error("%s: ended: %s", self.name, exc)
+            self.log.error("%s: ended: %s", self.name, one_line(exc))
 
     def stop(self) -> None:
         """Stop the thread; a round still waiting for the database is not waited for
@@ -157,11 +157,11 @@ class Loop:
             self.close()
             wait = self.backoff.next()
             self.log.warning(
-                "%s: database unavailable (%s); next try in %.1fs", self.name, exc, wait
+                "%s: database unavailable (%s); next try in %.1fs", self.name, one_line(exc), wait
             )
             return wait
         if isinstance(exc, DatabaseError):
-            self.log.error("%s: refused (%s)", self.name, exc)
+            self.log.error("%s: refused (%s)", self.name, one_line(exc))
             return self.interval
         # A loop must outlive whatever one round meets.
         self.close()

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from rota import db
 from rota.deadlines import Deadlines
-from rota.errors import RotaError
+from rota.errors import RotaError, one_line
 from rota.loops import Loop
 from rota.settings import ConnectionSettings
 
@@ -228,7 +228,7 @@ class ServiceLoop(Loop):
                     for _ in conn.notifies(timeout=min(left, 0.5), stop_after=1):
                         return self.stopping
         except RotaError as exc:  # the next pass opens a new connection
-            self.log.warning("%s: waiting failed (%s)", self.name, exc)
+            self.log.warning("%s: waiting failed (%s)", self.name, one_line(exc))
             if db.is_unavailable(exc):
                 self.close()
         return self.stopping

@@ -22,6 +22,7 @@ from rota.errors import (
     InvalidInput,
     JobNotFound,
     RotaError,
+    one_line,
 )
 
 BAD_INPUT = 2
@@ -66,10 +67,6 @@ def _option_source(option: str | None) -> str:
             if default.keyword.decode() == option and variable and os.environ.get(variable):
                 return variable
     return "ROTA_DATABASE_URL" if url else "a PG* variable"
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
 
 
 def _unavailable(exc: DatabaseUnavailable) -> str:

@@ -121,3 +121,20 @@ def test_a_loop_stopped_waits_no_longer_and_closes_its_connection() -> None:
     wait_for(lambda: not loop.is_alive(), 20, "the loop's thread to end")
     assert loop.rounds == 0
     assert loop.closed >= 1
+
+
+LIBPQ = (
+    "consuming input failed: server closed the connection unexpectedly\n"
+    "\tThis probably means the server terminated abnormally\n"
+    "\tbefore or while processing the request."
+)
+"""libpq's message for a connection the server ended: three lines."""
+
+
+def test_a_failed_round_is_logged_on_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    loop = Scripted([DatabaseUnavailable(LIBPQ), DatabaseError(LIBPQ)])
+    for _ in range(2):
+        loop.step()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2 and all("abnormally before" in m for m in messages)
+    assert not [m for m in messages if "\n" in m]

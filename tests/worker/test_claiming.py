@@ -16,7 +16,8 @@ import rota
 from rota import claim as claims
 from rota.errors import DatabaseError, DatabaseUnavailable
 from rota.jobs import Job
-from rota_worker.link import Link
+from rota_worker.claiming import wait_after
+from rota_worker.link import Backoff, Link
 from rota_worker.settings import WorkerSettings
 from rota_worker.worker import Worker
 from tests.acceptance.procs import wait_for
@@ -271,3 +272,11 @@ def test_an_idle_worker_starts_what_it_claimed_before_it_waits_again(
             wait_for(lambda j=job_id: row(conn, j)["status"] == "done", 20, "the job to be done")
             at = events.index(("claimed", job_id))
             assert events[at + 1 : at + 3] == [("started", job_id), ("wait and claim", None)]
+
+
+def test_a_failed_claim_is_logged_on_one_line(caplog) -> None:
+    message = "server closed the connection unexpectedly\n\tThis probably means..."
+    for exc in (DatabaseUnavailable(message), DatabaseError(message)):
+        asyncio.run(wait_after(exc, Backoff(first=0.001), asyncio.Event()))
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2 and not [m for m in messages if "\n" in m]

@@ -5,6 +5,7 @@ refuses holding back no other, and a refusal that passes (a lock) giving up none
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -143,3 +144,30 @@ def test_an_outcome_whose_row_is_locked_for_a_while_waits_and_is_written_once(
         asyncio.run(asyncio.wait_for(write_all(locker), 60))
     assert sorted(settled) == sorted(ids)
     assert [row(conn, i)["status"] for i in ids] == ["done", "done"]
+
+
+def test_outcomes_waiting_for_the_database_are_logged_on_one_line(conn, db_url, io, caplog) -> None:
+    # libpq's "connection refused" runs over two lines; a log record must not.
+    rota.enqueue(conn, "t")
+    (job,) = claims.claim(conn, "w", 1, 30)
+    buffer, _ = _buffer(batch_size=10)
+    _ended(buffer, job, Attempt.of(job, Outcome.DONE, 60, None, type="t"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = make_conninfo(db_url, port=s.getsockname()[1], connect_timeout=2)
+
+    async def try_once() -> None:
+        link = Link(closed, "flush", io)
+        writer = asyncio.create_task(buffer.run(link))
+        try:
+            while not caplog.records:
+                await asyncio.sleep(0.01)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            link.close()
+
+    asyncio.run(asyncio.wait_for(try_once(), 30))
+    (message,) = {record.getMessage() for record in caplog.records}
+    assert "outcomes wait for the database" in message and "\n" not in message
+    assert "accepting TCP/IP connections" in message  # libpq's second line, joined

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from rota.attempt import Key
 from rota.db import is_passing
-from rota.errors import DatabaseError, DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable, one_line
 from rota.jobs import Job, Status
 from rota_worker.attempts import Attempts, Execution
 from rota_worker.lanes import Claims, Lane, LaneState
@@ -256,5 +256,5 @@ async def wait_after(
     next backoff step (or until the worker stops)."""
     delay = backoff.next()
     level = logging.WARNING if isinstance(exc, DatabaseUnavailable) else logging.ERROR
-    log.log(level, "claim failed (%s); retrying in %.1fs", exc, delay)
+    log.log(level, "claim failed (%s); retrying in %.1fs", one_line(exc), delay)
     await first(stopping, timeout=delay)

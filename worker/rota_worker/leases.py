@@ -28,7 +28,7 @@ from collections.abc import Callable
 from rota import claim as claims
 from rota import db
 from rota.attempt import Key, Lease
-from rota.errors import DatabaseError
+from rota.errors import DatabaseError, one_line
 from rota_worker.attempts import Attempts
 from rota_worker.loops import Loop
 
@@ -105,14 +105,14 @@ class LeaseRenewal(Loop):
         try:
             return self._extend_some(keys), set()
         except DatabaseError as exc:
-            log.error("heartbeat refused (%s); renewing the leases one at a time", exc)
+            log.error("heartbeat refused (%s); renewing the leases one at a time", one_line(exc))
         leases: list[Lease] = []
         unknown: set[Key] = set()
         for key in sorted(keys):
             try:
                 leases.extend(self._extend_some({key}))
             except DatabaseError as exc:
-                log.error("job %s attempt %s: heartbeat refused (%s)", *key, exc)
+                log.error("job %s attempt %s: heartbeat refused (%s)", *key, one_line(exc))
                 unknown.add(key)
         return leases, unknown
 

@@ -24,7 +24,7 @@ import logging
 from rota import claim as claims
 from rota import db
 from rota.attempt import Attempt, Key
-from rota.errors import DatabaseError, DatabaseUnavailable
+from rota.errors import DatabaseError, DatabaseUnavailable, one_line
 from rota.jobs import Outcome, Status
 from rota.metrics import record_outcomes
 from rota_worker.attempts import Attempts, Event, Execution, State
@@ -104,7 +104,7 @@ class OutcomeBuffer:
         log.warning(
             "the database refused a batch of %d outcomes (%s); writing them one at a time",
             len(batch),
-            exc,
+            one_line(exc),
         )
         self._alone.extend(batch)
         if batch:
@@ -132,7 +132,7 @@ class OutcomeBuffer:
                     log.warning(
                         "%d outcomes wait for the database (%s); retry in %.1fs",
                         len(self.pending) + len(self._alone),
-                        exc,
+                        one_line(exc),
                         delay,
                     )
                     await asyncio.sleep(delay)
@@ -182,7 +182,7 @@ class OutcomeBuffer:
                 attempt.type,
                 attempt.attempts,
                 attempt.outcome,
-                exc,
+                one_line(exc),
             )
             self.attempts.dispatch(record, Event.LOST)
             _count([record], [Outcome.LEASE_LOST])

@@ -17,6 +17,7 @@ import time
 
 from rota import db
 from rota.deadlines import Deadlines
+from rota.errors import one_line
 from rota.services import Phase, Service, ServiceLoop
 
 RECHECK_GAP_SECONDS = 0.05
@@ -64,7 +65,7 @@ class ReaperLoop(ServiceLoop):
         try:
             return self.service.next_wait(self.connection())
         except Exception as exc:  # a loop outlives whatever one round meets
-            self.log.warning("%s: asking for the next pass failed (%s)", self.name, exc)
+            self.log.warning("%s: asking for the next pass failed (%s)", self.name, one_line(exc))
             if db.is_unavailable(exc):
                 self.close()
             return self.service.interval_seconds

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from rota import db, workers
-from rota.errors import RotaError
+from rota.errors import RotaError, one_line
 from rota_worker.loops import Loop
 
 log = logging.getLogger("rota.worker")
@@ -70,7 +70,7 @@ class Registry(Loop):
             with contextlib.closing(self._connect_once()) as conn:
                 self._call(call, conn)
         except RotaError as exc:
-            log.warning("worker %s: cannot update rota.worker (%s)", self.info.id, exc)
+            log.warning("worker %s: cannot update rota.worker (%s)", self.info.id, one_line(exc))
 
     def _connect_once(self) -> db.Conn:
         assert self._connect is not None

@@ -34,7 +34,7 @@ from typing import Any
 from rota import workers
 from rota.deadlines import Deadlines
 from rota.durable import RunConnections
-from rota.errors import DatabaseUnavailable, MigrationError
+from rota.errors import DatabaseUnavailable, MigrationError, one_line
 from rota.handlers import Context, Handler, registered
 from rota.migrate import require_current
 from rota.reaper import Reaper, ReaperSettings
@@ -337,7 +337,9 @@ class Worker:
             except (DatabaseUnavailable, MigrationError) as exc:
                 self._waited = True
                 delay = backoff.next()
-                log.warning("waiting for the database (%s); next try in %.1fs", exc, delay)
+                log.warning(
+                    "waiting for the database (%s); next try in %.1fs", one_line(exc), delay
+                )
                 await first(self._stopping, timeout=delay)
         return False
 
