@@ -15,11 +15,15 @@ database away at start is waited for while serving.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
+import signal
 import socket
 import sys
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from rota.cli.common import UsageError, address, database_url, is_utf8, whole_number
@@ -198,8 +202,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"Rota console on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     # The socket's peer is the client: forwarded-for headers are not trusted.
     try:
-        uvicorn.run(app, host=args.host, port=args.port, proxy_headers=False, log_level="warning")
+        with _stops_taken():
+            uvicorn.run(
+                app, host=args.host, port=args.port, proxy_headers=False, log_level="warning"
+            )
     except SystemExit as exc:
+        if exc.code == 0:
+            return 0
         if exc.code != UVICORN_STARTUP_FAILURE:
             raise
         # uvicorn said why on the line before (the address is in use, say): exit 1.
@@ -208,6 +217,26 @@ def run(args: argparse.Namespace) -> int:
             " choose another --port (or --host)"
         ) from None
     return 0
+
+
+@contextlib.contextmanager
+def _stops_taken() -> Iterator[None]:
+    """uvicorn stops cleanly on SIGTERM or SIGINT, then raises the signal again once
+    it has put back the handlers it found, to end the process as the signal
+    would (143 for SIGTERM). The handlers it finds are these, which end the
+    process with 0, as every other command after a clean stop (and, before
+    uvicorn takes the signals, end it at once: nothing was served yet)."""
+    stops = (signal.SIGTERM, signal.SIGINT)
+    found = {sig: signal.signal(sig, _stopped) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in found.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(sig: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 UVICORN_STARTUP_FAILURE = 3

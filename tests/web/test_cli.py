@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from importlib import resources
 import pytest
 
 from rota.cli import main
+from tests.acceptance.procs import env_for, free_port, probe, wait_for
 from tests.web.conftest import add_job
 
 # sha256 of dist/htmx.min.js in the npm package htmx.org@2.0.11 (see mk/web.mk).
@@ -118,3 +120,26 @@ def test_a_port_in_use_exits_1_saying_to_choose_another(capsys, monkeypatch, db_
         port = taken.getsockname()[1]
         assert main(["web", "--port", str(port)]) == 1
     assert f"could not listen on 127.0.0.1:{port}: choose another --port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_console_stopped_by_a_signal_exits_0(db_url, sig):
+    # uvicorn raises the signal it stopped on again once it has shut down;
+    # `rota web` ends as every other command does after a clean stop.
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rota", "web", "--port", str(port)],
+        env=env_for(db_url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: probe(port, "/healthz") == 200, 60, "the console to answer")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == 0, err
