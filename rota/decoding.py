@@ -203,7 +203,7 @@ def _unreadable(cur: Cursor[Any], names: list[str], index: int, exc: Exception) 
         try:
             values[name] = _value(cur, index, column)
         except Exception as failed:
-            if name in ("id", "attempts"):
+            if name in ("id", "attempts", "claims"):
                 raise  # nothing to charge the row to: the claim itself is broken
             values[name] = None
             reason = f"{name}: {type(failed).__name__}: {str(failed)[:200]}"
@@ -218,6 +218,7 @@ def _unreadable(cur: Cursor[Any], names: list[str], index: int, exc: Exception) 
         "status": Status.RUNNING,
         "run_at": run_at if isinstance(run_at, datetime) else _EPOCH,
         "attempts": attempts,
+        "claims": values["claims"],  # its lease is held by it: the outcome is written
         "max_attempts": values.get("max_attempts") or attempts,
         "priority": values.get("priority") or 0,
         "locked_by": values.get("locked_by"),
