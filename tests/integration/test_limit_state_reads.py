@@ -11,18 +11,10 @@ from typing import Any
 import psycopg
 
 import rota
+from tests.table_reads import rows_read
 
 LIMITS = 200
 RUNNING_PER_TYPE = 20
-
-
-def _rows_read(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)"
-        " FROM pg_stat_xact_user_tables WHERE relid = 'rota.job'::regclass"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _many_limits_beside_running_jobs(conn: psycopg.Connection[Any]) -> None:
@@ -58,7 +50,7 @@ def test_the_limits_states_read_each_running_job_once(db_url: str) -> None:
         _many_limits_beside_running_jobs(setup)
     with psycopg.connect(db_url) as conn:  # one transaction: its own counters
         states = rota.list_limits(conn)
-        read = _rows_read(conn)
+        read = rows_read(conn)
         conn.rollback()
     assert len(states) == LIMITS
     assert {(s.running, s.due, s.held) for s in states} == {(RUNNING_PER_TYPE, 1, 1)}

@@ -5,24 +5,14 @@ rows by id finds a page among the done ones in a few hundred rows."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from rota.jobs import Status
 from rota.web.filters import JobFilter
 from rota.web.reads import job_page
+from tests.table_reads import rows_read
 
 JOBS = 100_000
-
-
-def _rows_read(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)"
-        " FROM pg_stat_xact_user_tables WHERE relid = 'rota.job'::regclass"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_a_page_of_dead_jobs_reads_the_newest_rows_only(db_url: str) -> None:
@@ -40,7 +30,7 @@ def test_a_page_of_dead_jobs_reads_the_newest_rows_only(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:  # one transaction: its own counters
         page = job_page(conn, JobFilter(status=Status.DEAD), None, 50)
         later = job_page(conn, JobFilter(status=Status.DEAD), page.next_before, 50)
-        read = _rows_read(conn)
+        read = rows_read(conn)
         conn.rollback()
     ids = [r["id"] for r in page.rows + later.rows]
     assert ids[0] == first_dead and ids == sorted(ids, reverse=True) and len(ids) == 100
