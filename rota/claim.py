@@ -3,7 +3,8 @@ parameters and their round trips (rows become jobs in `rota.decoding`; the
 types they share live in `rota.attempt`; a claim's start in `rota.floor`).
 
 The lease is the whole safety story: a worker holds a job while the row is
-running, locked_by the worker, at the attempt it claimed. Heartbeats extend the
+running, locked_by the worker, under the claim it made (`claims`, the claim's
+number: unlike the attempt number, nothing lowers it). Heartbeats extend the
 lease; every write of an outcome is conditional on still holding it, so a worker
 whose lease was taken away (reaped, then claimed by another) changes nothing.
 """

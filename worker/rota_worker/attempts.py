@@ -18,8 +18,8 @@ until its handler has really ended: a thread that ignores the stop, or a child
 process not yet killed, still counts against the concurrency.
 
 `Attempts` is the one owner: every record, by identity (a job given back and
-claimed again in one statement has the same (job id, attempt) twice, and is a
-new record); the slots taken are its RUNNING and STOPPING records, nothing
+claimed again in one statement has the same job id and attempt twice, and is
+a new record); the slots taken are its RUNNING and STOPPING records, nothing
 else. Every event goes through `Attempts.dispatch`, which looks the move up in
 `MOVES` and does what arriving in the new state means (stop the handler, hand
 the outcome on, let go of the lease). A kind of event is added by one row of
@@ -313,7 +313,7 @@ class Attempts:
         return list(self._held.copy())
 
     def holds(self, key: Key) -> bool:
-        """Whether some held record is (job id, attempt) `key`."""
+        """Whether some held record is (job id, claim number) `key`."""
         return any(record.key == key for record in self.snapshot())
 
     @property
