@@ -29,6 +29,9 @@ RETRYABLE = (Status.DEAD, Status.FAILED, Status.CANCELLED)
 """Statuses `retry` brings back to ready."""
 
 BATCH_SIZE = 1000
+"""Rows changed per statement by the levers that take every matching job
+(`retry --all`, `cancel --type`): each batch is one short transaction on a
+connection Rota opens, so no lock is held on more rows than this."""
 
 DEADLOCK_TRIES = 5
 """How often a cancel's batch is tried when the database ends it in a deadlock.
@@ -37,9 +40,6 @@ A cancel locks a job before its children; a child's outcome locks the child,
 then (its end's trigger) its parent. When the two meet the database ends one
 of them; a cancel so ended is tried again, an outcome is written again by its
 worker."""
-"""Rows changed per statement by the levers that take every matching job
-(`retry --all`, `cancel --type`): each batch is one short transaction on a
-connection Rota opens, so no lock is held on more rows than this."""
 
 
 ARCHIVED = "an archived job stays as it ended"
