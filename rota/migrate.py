@@ -87,6 +87,14 @@ _MIGRATION_LOCK_PAUSE_SECONDS = 1.0
 """Between tries: the claims and enqueues that queued behind go first."""
 
 
+def _lock_waits_brief(conn: Conn) -> None:
+    """For the rest of the transaction, a wait for a lock ends after
+    `_MIGRATION_LOCK_TIMEOUT_SECONDS` (LockNotAvailable): a migration's, and
+    the key index's switch."""
+    timeout = f"{_MIGRATION_LOCK_TIMEOUT_SECONDS * 1000:.0f}ms"
+    fetch_all(conn, sql.query("migration_lock_timeout"), {"timeout": timeout})
+
+
 def _apply(conn: Conn, number: int, name: str, text: str, said: set[str]) -> bool:
     """Apply one migration unless it is applied, in one transaction; return
     whether it was applied now. A lock it cannot take soon is given up, and the
@@ -100,8 +108,7 @@ def _apply(conn: Conn, number: int, name: str, text: str, said: set[str]) -> boo
                 conn.execute(sql.query("migrate_bootstrap"))
                 if fetch_all(conn, sql.query("migration_applied"), {"id": number})[0]["applied"]:
                     return False
-                timeout = f"{_MIGRATION_LOCK_TIMEOUT_SECONDS * 1000:.0f}ms"
-                fetch_all(conn, sql.query("migration_lock_timeout"), {"timeout": timeout})
+                _lock_waits_brief(conn)
                 log.info("applying migration %s", label)
                 conn.execute(text.encode())
                 fetch_all(conn, sql.query("migration_record"), {"id": number, "name": name})
@@ -315,11 +322,11 @@ def _briefly_locked(conn: Conn, name: str) -> None:
     for _ in range(_LOCK_TRIES):
         try:
             with conn.transaction():
-                conn.execute(sql.query("key_index_lock_timeout"))
+                _lock_waits_brief(conn)
                 conn.execute(sql.query(name))
             return
         except psycopg.errors.LockNotAvailable:
-            time.sleep(1.0)
+            time.sleep(_MIGRATION_LOCK_PAUSE_SECONDS)
     raise DatabaseError(
         f"could not lock rota.job for an instant in {_LOCK_TRIES} tries (a long transaction"
         " holds it); the new index is in place: run the same command again"

@@ -37,9 +37,10 @@ CREATE TABLE IF NOT EXISTS rota.migrations (
 SELECT EXISTS (SELECT 1 FROM rota.migrations WHERE id = %(id)s) AS applied
 
 -- name: migration_lock_timeout
--- A migration that waits for a table's lock (a long transaction read the
--- table) would stop every claim and enqueue queued behind it: it gives up
--- after a moment, and tries again.
+-- A migration (or the key index's switch) that waits for a table's lock (a
+-- long transaction read the table) would stop every claim and enqueue queued
+-- behind it: it gives up after a moment, and tries again. For the rest of the
+-- transaction.
 SELECT set_config('lock_timeout', %(timeout)s, true)
 
 -- name: migration_lock_holders
@@ -89,12 +90,6 @@ SELECT pg_try_advisory_lock(%(lock_id)s) AS locked
 
 -- name: key_index_unlock
 SELECT pg_advisory_unlock(%(lock_id)s)
-
--- name: key_index_lock_timeout
--- Adding or dropping the constraint locks the table for an instant, but waiting
--- for that lock would stop every claim and enqueue behind it: give up soon,
--- and try again.
-SET LOCAL lock_timeout = '2s'
 
 -- name: key_partial_drop
 DROP INDEX CONCURRENTLY IF EXISTS rota.job_idempotency_key_idx
