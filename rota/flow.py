@@ -115,7 +115,8 @@ def list_limits(
 ) -> list[Limit]:
     """Every type's limits (only those of `types` when given), with how many due
     jobs each holds back now."""
-    params = {"now": limits.clock(now), "types": list(types) if types is not None else None}
+    wanted = limits.names(types, "job types") if types is not None else None
+    params = {"now": limits.clock(now), "types": wanted}
     with connection(conn_or_dsn) as conn:
         rows = fetch_all(conn, sql.query("limit_states"), params)
     return [

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 import rota
+from rota import flow
 from tests.table_reads import rows_read
 
 LIMITS = 200
@@ -68,3 +70,8 @@ def test_the_states_of_some_types_read_only_theirs(db_url: str) -> None:
         ("capped-3", RUNNING_PER_TYPE, 1),
         ("grouped-7", RUNNING_PER_TYPE, 1),
     ]
+
+
+def test_types_given_as_one_string_are_refused_not_read_letter_by_letter(db_url: str) -> None:
+    with pytest.raises(rota.InvalidInput, match="must be a list"):
+        flow.list_limits(db_url, types="email")  # type: ignore[arg-type]
