@@ -186,6 +186,19 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _two_slots(db_url: str, handler: Handler) -> tuple[Worker, threading.Thread]:
+    """A worker of two slots and a short lease, no reaper of its own (the test
+    reaps), running `handler` for type sticky in a thread."""
+    settings = WorkerSettings(
+        concurrency=2, lease_seconds=3, run_reaper=False, run_scheduler=False,
+        poll_interval_seconds=0.2,
+    )  # fmt: skip
+    worker = Worker(db_url, settings, handlers={"sticky": handler})
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    return worker, thread
+
+
 def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn, db_url) -> None:
     """The sequence that once let a third run overlap the second: one worker, its
     attempt 1 reaped while still running, the same worker claims attempt 2."""
@@ -197,14 +210,9 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_keeps_its_new_lease(conn
         started.append(job.attempts)
         release[job.attempts].wait(60)  # ignores job.cancelled on purpose
 
-    handler = Handler("sticky", sticky, is_async=False, wants_context=False)
-    settings = WorkerSettings(
-        concurrency=2, lease_seconds=3, run_reaper=False, run_scheduler=False,
-        poll_interval_seconds=0.2,
-    )  # fmt: skip
-    worker = Worker(db_url, settings, handlers={"sticky": handler})
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
+    worker, thread = _two_slots(
+        db_url, Handler("sticky", sticky, is_async=False, wants_context=False)
+    )
     try:
         wait_for(lambda: started == [1], what="attempt 1 to start")
         conn.execute("UPDATE rota.job SET locked_until = now() - interval '1 second'")
@@ -252,14 +260,9 @@ def test_a_run_given_back_uncounted_and_claimed_again_does_not_end_its_new_run(
         release[run].wait(60)  # ignores job.cancelled on purpose
         return {"run": run}
 
-    handler = Handler("sticky", sticky, is_async=False, wants_context=True)
-    settings = WorkerSettings(
-        concurrency=2, lease_seconds=3, run_reaper=False, run_scheduler=False,
-        poll_interval_seconds=0.2,
-    )  # fmt: skip
-    worker = Worker(db_url, settings, handlers={"sticky": handler})
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
+    worker, thread = _two_slots(
+        db_url, Handler("sticky", sticky, is_async=False, wants_context=True)
+    )
     try:
         steps = "SELECT count(*) AS n FROM rota.job_step"
         wait_for(lambda: conn.execute(steps).fetchone()["n"] == 1, what="the first run's step")
