@@ -592,7 +592,7 @@ class Run:
 
     def _holder(self) -> dict[str, Any]:
         """The lease this run writes under: a statement given it writes nothing
-        unless the job still runs at this attempt, held by this worker."""
+        unless the job still runs under this claim, held by this worker."""
         return {"claim": self.job.claims, "worker": self.worker_id}
 
     def _check_children(self, children: list[int]) -> None:
