@@ -34,8 +34,23 @@ def _running_job(conn: Any, parent: int | None = None) -> int:
 
 
 def _blocked(conn: Any, pid: int) -> Callable[[], bool]:
-    query = "SELECT wait_event_type = 'Lock' AS blocked FROM pg_stat_activity WHERE pid = %s"
+    """Whether backend `pid` waits for a lock (False once it is gone: a
+    statement that passed may end its connection before its thread ends)."""
+    query = (
+        "SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity"
+        " WHERE pid = %s), false) AS blocked"
+    )
     return lambda: bool(conn.execute(query, (pid,)).fetchone()["blocked"])
+
+
+def test_a_backend_gone_is_not_blocked(conn, db_url) -> None:
+    # A statement on a thread's connection that passes at once may end the
+    # connection before the thread ends: the look for a lock wait finds no row.
+    with psycopg.connect(db_url) as gone:
+        pid = gone.info.backend_pid
+    here = "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s"
+    wait_for(lambda: conn.execute(here, (pid,)).fetchone()["n"] == 0, what="the backend to end")
+    assert _blocked(conn, pid)() is False
 
 
 def _in_thread(db_url: str, query: str, params: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
