@@ -21,6 +21,7 @@ from rota.errors import InvalidInput
 from rota.jobs import Job, Outcome
 from rota.reaper import Reaper
 from tests.acceptance.procs import wait_for
+from tests.table_reads import rows_read
 from tests.worker.helpers import _async_handlers, _noop, _running, row
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -331,7 +332,9 @@ def test_a_limit_set_on_an_idle_queue_takes_its_slots_at_once(db_url: str) -> No
         rota.set_limit(c, "payment", concurrency=4)
         assert settled(c, "payment")
         rota.set_limit(c, "payment", concurrency=4, rate=10, per=1.0)
-        assert not settled(c, "payment")  # a rate: the path of one row
+        assert settled(c, "payment")  # counted through its slots, on the path of one row
+        rota.set_limit(c, "payment", rate=10, per=1.0)
+        assert not settled(c, "payment")  # a rate alone: no slots
 
 
 def test_a_limit_waits_for_the_claims_that_did_not_see_it_before_it_takes_its_slots(
@@ -453,8 +456,7 @@ def test_a_bound_left_by_a_slot_claim_is_forgotten_by_the_path_of_one_row(db_url
         rota.set_limit(c, "payment", concurrency=40)  # shares of 10
         assert len(claim(c, "w1", 2, 30)) == 2  # on slots: a bound of 2 left
         rota.set_limit(c, "payment", concurrency=40, rate=1_000, per=60)
-        assert not settled(c, "payment")
-        assert len(claim(c, "w2", 60, 30)) == 38  # on one row: every slot full
+        assert len(claim(c, "w2", 60, 30)) == 38  # on one row (a rate): every slot full
         rota.set_limit(c, "payment", concurrency=40)
         assert settled(c, "payment")
         assert claim(c, "w1", 8, 30) == []  # 10 run in the slot, not 2
@@ -676,3 +678,64 @@ def test_a_limited_claim_reads_no_more_after_many_jobs_ran(
             assert not re.search(r"Seq Scan on job\b", line), plan
             assert "job_type_idx" not in line, plan
             assert "Bitmap Index Scan on job_running_idx" not in line, plan
+
+
+# -- the running jobs a claim counts --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limits", [{"group_concurrency": 2}, {"concurrency": 500, "group_concurrency": 2}]
+)
+def test_a_group_limited_claim_counts_only_its_types_running_jobs(
+    db_url: str, limits: dict[str, int]
+) -> None:
+    """The path of one row counts the running jobs of its type, through the
+    slots every limited claim labels its jobs with, not by a walk of every
+    running job of every type (a claim per limited type with due jobs, each
+    reading the whole running set: seconds a claim with many limits)."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.enqueue_many(c, [rota.NewJob("other") for _ in range(3_000)])
+        assert len(claim(c, "w", 3_000, 300)) == 3_000  # running, another type
+        rota.set_limit(c, "export", **limits)
+        add_ready(c, "export", groups=20, per_group=3)
+        assert len(claim(c, "w", 20, 300, ["export"])) == 20
+    with psycopg.connect(db_url) as conn:
+        before = rows_read(conn)
+        got = claim(conn, "w", 30, 300, ["export"])
+        reads = rows_read(conn) - before
+        conn.rollback()
+    assert len(got) == 20  # one more of each group
+    assert reads < 500, reads
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"concurrency": 4}, {"group_concurrency": 1}, {"concurrency": 4, "rate": 100, "per": 60}],
+)
+@pytest.mark.parametrize("write", ["update", "insert"])
+def test_a_job_made_running_without_a_slot_by_hand_counts_against_its_limit(
+    db_url: str, limits: dict[str, int], write: str
+) -> None:
+    """A row written running with no slot (by an UPDATE or INSERT by hand, not
+    a claim) is seen by the next claim of its type, however settled the limit
+    was: the write unsettles it, and the claim counts every running job."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.set_limit(c, "payment", **limits)
+        add_ready(c, "payment", groups=1, per_group=10)
+        if write == "update":
+            c.execute(
+                "UPDATE rota.job SET status = 'running', locked_by = 'hand',"
+                " locked_until = now() + interval '1 hour', attempts = 1"
+                " WHERE id IN (SELECT id FROM rota.job WHERE status = 'ready'"
+                " ORDER BY id LIMIT 3)"
+            )
+        else:
+            c.execute(
+                "INSERT INTO rota.job (type, group_key, status, locked_by, locked_until,"
+                " attempts)"
+                " SELECT 'payment', 'g000001', 'running', 'hand', now() + interval '1 hour', 1"
+                " FROM generate_series(1, 3)"
+            )
+        expected = 1 if "concurrency" in limits else 0  # 4 - 3; the group holds 1
+        assert len(claim(c, "w", 10, 30)) == expected
+        assert claim(c, "w", 10, 30) == []

@@ -1,5 +1,6 @@
 """Claims under limits, explored by hypothesis: random enqueues, limits, claims
-(alone, or two interleaved through the limit's lock), finishes and clock steps.
+(alone, or two interleaved through the limit's lock), jobs started by hand,
+finishes and clock steps.
 
 After every claim the rows must show that no limit was passed by it and that
 the claim did not stall: a claim that took fewer jobs than it asked for left
@@ -103,8 +104,26 @@ class LimitedClaims(RuleBasedStateMachine):
             st.lists(st.sampled_from(running), max_size=4, unique_by=lambda r: r["id"])
         )
         for row in done:
-            attempt = Attempt(row["id"], row["attempts"], Outcome.DONE, claim=row["attempts"])
+            attempt = Attempt(row["id"], row["attempts"], Outcome.DONE, claim=row["claims"])
             write_outcomes(self.conn, row["locked_by"], [attempt], now=self.now)
+
+    @rule(data=st.data(), n=st.integers(1, 8))
+    def start_by_hand(self, data: st.DataObject, n: int) -> None:
+        """A ready job of a limited type made running by an UPDATE written by
+        hand (no claim, no slot), then a claim. The job may pass its limit; no claim may add to
+        that, and the claim counts it."""
+        ready = [r for r in self._rows() if r["status"] == "ready" and r["type"] in self.limits]
+        if not ready:
+            return
+        row = data.draw(st.sampled_from(ready))
+        self.conn.execute(
+            "UPDATE rota.job SET status = 'running', attempts = 1, locked_by = 'hand',"
+            " locked_until = %s WHERE id = %s",
+            (self.now + timedelta(hours=1), row["id"]),
+        )
+        if self._passed(row["type"], self._rows()):
+            self.over.add(row["type"])
+        self.claim_alone(n=n, types=None)
 
     @rule(seconds=st.sampled_from([1, 20, 45]))
     def tick(self, seconds: int) -> None:
@@ -146,7 +165,7 @@ class LimitedClaims(RuleBasedStateMachine):
 
     def _rows(self) -> list[dict[str, Any]]:
         return self.conn.execute(
-            "SELECT id, type, group_key, status, run_at, attempts, locked_by FROM rota.job"
+            "SELECT id, type, group_key, status, run_at, attempts, claims, locked_by FROM rota.job"
         ).fetchall()
 
     def _window(self, job_type: str) -> list[datetime]:
