@@ -73,6 +73,11 @@ FEATURES: dict[str, tuple[str, str]] = {
         "DROP TRIGGER job_done_count_insert ON rota.job",
         "done counts of jobs inserted done (imports)",
     ),
+    "no hand-started triggers": (
+        "DROP TRIGGER job_unslotted_insert ON rota.job;"
+        " DROP TRIGGER job_unslotted_update ON rota.job",
+        "a job made running by hand counted against its settled limit",
+    ),
 }
 """Each feature taken off: the SQL that takes it off (the key's index is made
 by `use_key_index`), and what would be lost."""
@@ -91,9 +96,9 @@ def prepare(dsn: str, variant: str) -> None:
         for name, (ddl, _) in FEATURES.items():
             if variant not in (name, ALL):
                 continue
-            if ddl:
-                conn.execute(ddl.encode())
-            else:
+            for statement in filter(str.strip, ddl.split(";")):
+                conn.execute(statement.encode())
+            if not ddl:
                 use_key_index(conn, "partial")
         conn.execute(b"CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 

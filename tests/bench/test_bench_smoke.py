@@ -357,7 +357,7 @@ def test_feature_costs_price_every_feature_and_all_of_them(tmp_path: Path) -> No
     )  # fmt: skip
     costs = json.loads(out.read_text())["us_per_job"]
     variants = list(costs)
-    assert len(variants) == 10
+    assert len(variants) == 11
     assert variants[0] == "the schema `rota migrate` makes" and variants[-1] == "all of them off"
     for variant, by_statement in costs.items():
         assert set(by_statement) == {"enqueue", "claim", "outcome"}, variant
