@@ -739,3 +739,33 @@ def test_a_job_made_running_without_a_slot_by_hand_counts_against_its_limit(
         expected = 1 if "concurrency" in limits else 0  # 4 - 3; the group holds 1
         assert len(claim(c, "w", 10, 30)) == expected
         assert claim(c, "w", 10, 30) == []
+
+
+def test_a_job_made_running_by_hand_while_a_limit_waits_to_settle_is_counted(
+    db_url: str,
+) -> None:
+    """The write by hand happens while the limit waits for a claim that did not
+    see it (its fence): the claim that settles the limit after that one has
+    ended must not settle it past the uncommitted row, nor leave it settled
+    once the row is committed."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        rota.enqueue_many(c, [rota.NewJob("payment") for _ in range(10)])
+        with psycopg.connect(db_url) as early, psycopg.connect(db_url) as hand:
+            assert claim(early, "w0", 1, 30, ["other"]) == []  # in flight, no limit seen
+            rota.set_limit(c, "payment", concurrency=4)
+            assert not settled(c, "payment")  # fenced by that claim
+            hand.execute(
+                "UPDATE rota.job SET status = 'running', locked_by = 'hand',"
+                " locked_until = now() + interval '1 hour', attempts = 1"
+                " WHERE id = (SELECT min(id) FROM rota.job WHERE type = 'payment')"
+            )
+            early.commit()
+            taken: list[list[Job]] = []
+            claimer = threading.Thread(target=lambda: taken.append(claim(c, "w1", 10, 30)))
+            claimer.start()
+            wait_for_lock_wait(db_url, unless=lambda: not claimer.is_alive())
+            hand.commit()
+            claimer.join(timeout=60)
+        assert running(c, "payment") <= 4
+        assert claim(c, "w1", 10, 30) == []
+        assert running(c, "payment") == 4

@@ -349,11 +349,17 @@ $$;
 -- A job made running with no slot by a statement that counts no claim: its
 -- limit, if settled, is no longer (the job is in no slot). Claims count a
 -- claim (rota.job.claims), so the jobs they start call no function.
+-- A fence is forgotten too: the fence noted before this write began does not
+-- hold this transaction, and a claim that settled by it would count the
+-- running jobs without this one, not yet committed. With no fence, the next
+-- claim notes this transaction (it holds a lock on rota.job_limit from here
+-- on); and the limit's row stays locked until it commits, so no claim on the
+-- path of one row counts before then.
 CREATE FUNCTION rota.limit_unsettled_by_hand() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE rota.job_limit AS l SET slots_settled = false, slots_fence = NULL
-    WHERE l.type = NEW.type AND l.slots_settled;
+    WHERE l.type = NEW.type AND (l.slots_settled OR l.slots_fence IS NOT NULL);
     RETURN NULL;
 END
 $$;
