@@ -5,8 +5,9 @@
 -- concurrency not settled) counted the running jobs of its type with
 -- rota.running_of_type, a walk of every running job of every type
 -- (job_running_idx): no index finds one type's running jobs. A claim visits
--- each limited type with due jobs, so with 1,000 group limits full and 59,000
--- jobs running, a claim of every type took 2.7 s.
+-- each limited type with due jobs: with 1,000 limits holding back due jobs
+-- (300 of them group limits) beside 33,500 running jobs, the limited part of
+-- a claim of every type took 1.25 s (0.33 s with this migration).
 --
 -- Every job a limited claim starts now carries a slot (rota.job.limit_slot):
 -- the jobs of a concurrency as before, the jobs of a group limit alone in turn
