@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -376,14 +377,51 @@ _USE_ASYNC = (
 _SQLALCHEMY_FIX = "create the engine with a postgresql+psycopg:// URL (psycopg 3, sync or async)"
 
 
+def _sqlalchemy_kind(obj: Any) -> str | None:
+    """ "sync" or "async" for a SQLAlchemy Connection or Session of either kind,
+    subclasses included (SQLModel's Session is one, defined outside
+    SQLAlchemy's modules); None for anything else. SQLAlchemy is imported by
+    the application that made such an object, never here first."""
+    if "sqlalchemy.orm" not in sys.modules:
+        return None
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session, scoped_session
+
+    if isinstance(obj, Connection | Session | scoped_session):
+        return "sync"
+    if "sqlalchemy.ext.asyncio" in sys.modules:
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+        if isinstance(obj, AsyncConnection | AsyncSession):
+            return "async"
+    return None
+
+
+def _is_django(obj: Any) -> bool:
+    """A Django database connection: the `connection` proxy, or a backend's
+    wrapper, its ENGINE's own subclass included (django-prometheus's,
+    django-tenants')."""
+    if type(obj).__module__.startswith("django.") and hasattr(obj, "ensure_connection"):
+        return True
+    if "django.db" not in sys.modules:
+        return False
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    return isinstance(obj, BaseDatabaseWrapper)
+
+
 def _joined(obj: Any) -> Conn:
     """The psycopg connection under an ORM's connection, inside its open transaction."""
-    module = type(obj).__module__
-    if isinstance(obj, psycopg.AsyncConnection) or type(obj).__name__.startswith("Async"):
+    kind = _sqlalchemy_kind(obj)
+    if (
+        isinstance(obj, psycopg.AsyncConnection)
+        or kind == "async"
+        or (kind is None and type(obj).__name__.startswith("Async"))
+    ):
         raise InvalidInput(f"{type(obj).__name__} is asynchronous: use rota.enqueue_async")
-    if module.startswith("sqlalchemy."):
+    if kind == "sync" or type(obj).__module__.startswith("sqlalchemy."):
         return _sqlalchemy_joined(obj)
-    if module.startswith("django.") and hasattr(obj, "ensure_connection"):
+    if _is_django(obj):
         if obj.vendor != "postgresql":
             raise InvalidInput(f"Rota needs PostgreSQL; this Django connection is {obj.vendor}")
         obj.ensure_connection()
@@ -426,14 +464,13 @@ def _sqlalchemy_joined(obj: Any) -> Conn:
 async def _ajoined(obj: Any) -> AConn:
     """`_joined()` for asyncio: a SQLAlchemy AsyncConnection or AsyncSession."""
     name = type(obj).__name__
-    if type(obj).__module__.startswith("sqlalchemy.") and name in (
-        "AsyncConnection",
-        "AsyncSession",
-    ):
+    kind = _sqlalchemy_kind(obj)
+    if kind == "async":
         from sqlalchemy.exc import InvalidRequestError
+        from sqlalchemy.ext.asyncio import AsyncSession
 
         try:
-            sa_conn = await obj.connection() if name == "AsyncSession" else obj
+            sa_conn = await obj.connection() if isinstance(obj, AsyncSession) else obj
             if not sa_conn.in_transaction():
                 await sa_conn.begin()
             raw = (await sa_conn.get_raw_connection()).driver_connection
@@ -443,9 +480,14 @@ async def _ajoined(obj: Any) -> AConn:
         if isinstance(raw, psycopg.AsyncConnection):
             return raw
         raise _not_psycopg3(raw, "SQLAlchemy engine", _SQLALCHEMY_FIX)
-    if isinstance(obj, psycopg.Connection) or (
-        type(obj).__module__.split(".")[0] in ("sqlalchemy", "django")
-        and not name.startswith("Async")
+    if (
+        isinstance(obj, psycopg.Connection)
+        or kind == "sync"
+        or _is_django(obj)
+        or (
+            type(obj).__module__.split(".")[0] in ("sqlalchemy", "django")
+            and not name.startswith("Async")
+        )
     ):
         raise InvalidInput(f"{name} is synchronous: use rota.enqueue")
     raise InvalidInput(f"Rota cannot use a {name} as an async connection: {_USE_ASYNC}")

@@ -117,6 +117,42 @@ def test_a_scoped_session_joins_the_transaction_of_its_current_session(engine, d
     assert committed(db_url) == (["a"], ["a"])
 
 
+class AppSession(Session):
+    """A Session of the application's own, as SQLModel's is: its class lives
+    outside SQLAlchemy's modules."""
+
+
+class AppAsyncSession(AsyncSession):
+    """The same for asyncio, as SQLModel's AsyncSession."""
+
+
+def test_a_session_of_a_subclass_joins_its_transaction(engine, db_url) -> None:
+    with AppSession(engine) as session:
+        rota.enqueue(session, "ship", key="a")
+        session.execute(order("a"))
+        session.commit()
+        session.execute(order("b"))
+        rota.enqueue(session, "ship", key="b")
+        session.rollback()
+    assert committed(db_url) == (["a"], ["a"])
+
+
+@pytest.mark.asyncio
+async def test_an_async_session_of_a_subclass_joins_its_transaction(async_engine, db_url) -> None:
+    async with AppAsyncSession(async_engine) as session:
+        await rota.enqueue_async(session, "ship", key="a")
+        await session.execute(order("a"))
+        await session.commit()
+        await rota.enqueue_async(session, "ship", key="b")
+        await session.rollback()
+    assert committed(db_url) == (["a"], ["a"])
+    with pytest.raises(InvalidInput, match="asynchronous: use rota.enqueue_async"):
+        rota.enqueue(AppAsyncSession(async_engine), "ship")
+    with AppSession(create_engine(url(db_url))) as session:
+        with pytest.raises(InvalidInput, match="synchronous: use rota.enqueue"):
+            await rota.enqueue_async(session, "ship")
+
+
 @pytest.mark.asyncio
 async def test_async_connections_and_sessions_join_their_transactions(async_engine, db_url) -> None:
     async with async_engine.begin() as conn:
