@@ -159,6 +159,55 @@ def test_a_job_that_is_not_a_task_is_no_result(shop: str) -> None:
             task_backends["default"].get_result(str(job_id))
 
 
+def test_a_connection_of_an_engines_own_backend_class_joins_its_transaction(shop: str) -> None:
+    """django-prometheus and django-tenants name an ENGINE whose DatabaseWrapper
+    subclasses Django's PostgreSQL one, in a module of their own."""
+    from django.db import connections
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    own = type("DatabaseWrapper", (DatabaseWrapper,), {"__module__": "tenants.postgresql.base"})
+    wrapper = own(connections["default"].settings_dict, alias="own")
+    try:
+        wrapper.set_autocommit(False)
+        rolled_back = rota.enqueue(wrapper, "mail.plain", {"to": "x"})
+        wrapper.rollback()
+        kept = rota.enqueue(wrapper, "mail.plain", {"to": "y"})
+        wrapper.commit()
+    finally:
+        wrapper.close()
+    with psycopg.connect(shop) as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM rota.job ORDER BY id").fetchall()]
+    assert kept in ids and rolled_back not in ids
+
+
+@pytest.mark.parametrize(
+    "errors",
+    [
+        {"error": "ValueError: x"},
+        [1, 2],
+        [{"attempt": 1}],
+        [{"attempt": 1, "error": 5}],
+        [{"attempt": 1, "error": None}],
+        "ValueError: x",
+    ],
+    ids=["object", "numbers", "no error", "error not text", "null error", "text"],
+)
+def test_a_result_is_read_whatever_shape_its_errors_were_written_in(shop: str, errors: Any) -> None:
+    """Rota writes a list of {attempt, at, error}; a row written by hand may hold
+    any JSON there, and its result still reads, each entry shown as its text."""
+    from orders.tasks import send_receipt
+
+    result = send_receipt.enqueue(1)
+    with psycopg.connect(shop) as conn:
+        conn.execute(
+            "UPDATE rota.job SET status = 'failed', errors = %s WHERE id = %s",
+            (psycopg.types.json.Jsonb(errors), int(result.id)),
+        )
+    read = task_backends["default"].get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED
+    assert read.errors and all(isinstance(e.traceback, str) for e in read.errors)
+
+
 def _due_now(url: str) -> bool:
     """Retries wait for their backoff: bring the next attempt forward (returns False)."""
     with psycopg.connect(url, autocommit=True) as conn:

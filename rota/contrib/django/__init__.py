@@ -32,6 +32,7 @@ Django and never fails the task.
 from __future__ import annotations
 
 import builtins
+import json
 import math
 from datetime import datetime
 from typing import Any
@@ -149,8 +150,8 @@ class RotaBackend(BaseTaskBackend):
         if queue_name != task.queue_name and (not self.queues or queue_name in self.queues):
             task = task.using(queue_name=queue_name)  # the queue it was enqueued on
         errors = [
-            TaskError(exception_class_path=_exception_path(e["error"]), traceback=e["error"])
-            for e in row["errors"] or []
+            TaskError(exception_class_path=_exception_path(text), traceback=text)
+            for text in _error_texts(row["errors"])
         ]
         result = TaskResult(
             task=task,
@@ -213,6 +214,23 @@ def _is_task(row: dict[str, Any]) -> bool:
         and isinstance(payload.get("args"), list)
         and isinstance(payload.get("kwargs"), dict)
     )
+
+
+def _error_texts(errors: Any) -> list[str]:
+    """Each attempt's error as Rota writes it (a list of {attempt, at, error});
+    what a row written by hand holds there instead, each entry as its JSON
+    text, so that a result always reads."""
+    listed = errors if isinstance(errors, list) else [] if errors is None else [errors]
+    texts = []
+    for entry in listed:
+        text = entry.get("error") if isinstance(entry, dict) else entry
+        if not isinstance(text, str):
+            try:
+                text = json.dumps(entry, default=str)
+            except (RecursionError, ValueError):
+                text = "(an error entry too deeply nested to show)"
+        texts.append(text)
+    return texts
 
 
 def _exception_path(error: str) -> str:
