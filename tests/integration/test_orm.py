@@ -146,11 +146,13 @@ async def test_an_async_session_of_a_subclass_joins_its_transaction(async_engine
         await rota.enqueue_async(session, "ship", key="b")
         await session.rollback()
     assert committed(db_url) == (["a"], ["a"])
-    with pytest.raises(InvalidInput, match="asynchronous: use rota.enqueue_async"):
+    with pytest.raises(InvalidInput, match=r"asynchronous: use rota\.enqueue_async"):
         rota.enqueue(AppAsyncSession(async_engine), "ship")
-    with AppSession(create_engine(url(db_url))) as session:
-        with pytest.raises(InvalidInput, match="synchronous: use rota.enqueue"):
-            await rota.enqueue_async(session, "ship")
+    with (
+        AppSession(create_engine(url(db_url))) as session,
+        pytest.raises(InvalidInput, match=r"synchronous: use rota\.enqueue"),
+    ):
+        await rota.enqueue_async(session, "ship")
 
 
 @pytest.mark.asyncio
