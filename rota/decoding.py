@@ -191,14 +191,27 @@ def _row_by_row(cur: Cursor[tuple[Any, ...]]) -> list[Job]:
         except psycopg.OperationalError:
             raise
         except Exception as exc:
-            jobs.append(_unreadable(cur, names, index, exc))
+            jobs.append(_unreadable(cur, names, index, exc, build))
     return jobs
 
 
-def _unreadable(cur: Cursor[Any], names: list[str], index: int, exc: Exception) -> Job:
-    """A job for row `index` that cannot be read: the columns that can, and the reason."""
+_DROPPED = frozenset({"trace_context"})
+"""Columns a job runs without: what cannot be read there is read as NULL.
+The trace context is tracing data only, and no check of the table guards it."""
+
+
+def _unreadable(
+    cur: Cursor[Any],
+    names: list[str],
+    index: int,
+    exc: Exception,
+    build: Callable[[tuple[Any, ...]], Job],
+) -> Job:
+    """A job for row `index` that cannot be read: the columns that can, and the
+    reason; or the job itself when only columns it runs without failed."""
     values: dict[str, Any] = {}
     reason = f"{type(exc).__name__}: {exc}"
+    failed_in: set[str] = set()
     for column, name in enumerate(names):
         try:
             values[name] = _value(cur, index, column)
@@ -206,7 +219,10 @@ def _unreadable(cur: Cursor[Any], names: list[str], index: int, exc: Exception) 
             if name in ("id", "attempts", "claims"):
                 raise  # nothing to charge the row to: the claim itself is broken
             values[name] = None
+            failed_in.add(name)
             reason = f"{name}: {type(failed).__name__}: {str(failed)[:200]}"
+    if failed_in and failed_in <= _DROPPED:
+        return build(tuple(values[name] for name in names))
     run_at = values.get("run_at")
     attempts = values["attempts"]
     job = object.__new__(Job)

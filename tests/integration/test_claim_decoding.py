@@ -143,3 +143,26 @@ def test_a_row_that_cannot_be_read_is_claimed_as_unreadable_beside_the_others(
     assert isinstance(infinite, Unreadable)
     assert infinite.reason.startswith("created_at: DataError")
     assert by_id[ids[1]].attempts == 1 and by_id[ids[1]].type == "t"
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["claim", "write_and_claim"])
+def test_a_trace_context_that_cannot_be_read_is_dropped_and_the_job_runs(
+    conn: psycopg.Connection[Any], pipeline: bool
+) -> None:
+    """The trace context is tracing data only, and no check of the table guards
+    it: a job whose context cannot be read (nested past Python's recursion
+    limit) is claimed with none, its payload and every other column as stored."""
+    ids = rota.enqueue_many(conn, [rota.NewJob("t", {"n": n}) for n in range(3)])
+    conn.execute(
+        "UPDATE rota.job SET trace_context = (repeat('[', 5000) || repeat(']', 5000))::jsonb"
+        " WHERE id = %s",
+        (ids[1],),
+    )
+    if pipeline:
+        _, jobs = claims.write_and_claim(conn, "w", [], 10, 30)
+    else:
+        jobs = claims.claim(conn, "w", 10, 30)
+    by_id = {job.id: job for job in jobs}
+    assert [by_id[i].payload for i in ids] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert by_id[ids[1]].trace_context is None
+    assert by_id[ids[1]].type == "t" and by_id[ids[1]].claims == 1
