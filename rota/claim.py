@@ -23,7 +23,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from rota import sql
+from rota import limits, sql
 from rota.attempt import Attempt, Key, Lease
 from rota.db import Conn, errors_wrapped, fetch_all
 from rota.decoding import _STATUS, claim_cursor, jobs_of
@@ -327,7 +327,7 @@ def _quoted(value: str | None) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
+def complete(conn: Conn, job: Job, now: datetime | None = None, *, result: Any = None) -> bool:
     """Mark `job` done from inside the caller's own transaction.
 
     For handlers that write their effects and complete the job atomically:
@@ -337,13 +337,34 @@ def complete(conn: Conn, job: Job, now: datetime | None = None) -> bool:
     keeps its row until its handler has really ended, so that no second handler
     starts in its place; its completion is refused all the same, and the caller
     must roll its transaction back.
+
+    `result`, when given, is stored as the job's result (JSON, under the
+    payloads' limits: InvalidInput otherwise, nothing written). Without it, the
+    value the handler returns is stored once the handler has returned.
     """
     if not isinstance(job, Job):
         raise InvalidInput(f"complete takes a Job (the handler's), not {type(job).__name__}")
+    encoded = None if result is None else limits.encode_result(result)
     if job.locked_by is None or job.cancelled.is_set():
         return False
-    written = write_outcomes(conn, job.locked_by, [Attempt.of(job, Outcome.DONE)], now)
-    return bool(written)
+    done = Attempt.of(job, Outcome.DONE, result=encoded)
+    return bool(write_outcomes(conn, job.locked_by, [done], now))
+
+
+def store_results(conn: Conn, worker_id: str, attempts: Sequence[Attempt]) -> None:
+    """Store the return values of jobs their handlers completed themselves
+    (`complete` in their own transaction, given no result): each where the
+    row is done under the same worker and claim and holds no result yet."""
+    with_results = [a for a in attempts if a.result is not None]
+    if not with_results:
+        return
+    params = {
+        "worker": worker_id,
+        "ids": [a.job_id for a in with_results],
+        "claims": [a.claim for a in with_results],
+        "results": [a.result for a in with_results],
+    }
+    fetch_all(conn, sql.query("store_completed_results"), params)
 
 
 def running_of(conn: Conn, worker_id: str) -> list[Attempt]:

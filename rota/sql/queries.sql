@@ -384,6 +384,20 @@ SELECT id, attempts, claims FROM rota.job WHERE status = 'running' AND locked_by
 -- name: job_states
 SELECT id, status, locked_by, attempts, claims FROM rota.job WHERE id = ANY(%(ids)s::bigint[])
 
+-- name: store_completed_results
+-- The return values of jobs their handlers completed themselves (rota.complete
+-- in their own transaction), written once the handlers returned: only where
+-- the row is done under this worker and the same claim, and holds no result
+-- (one given to rota.complete stays).
+UPDATE rota.job AS j
+SET result = r.result::jsonb
+FROM unnest(%(ids)s::bigint[], %(claims)s::int[], %(results)s::text[]) AS r(id, claims, result)
+WHERE j.id = r.id
+  AND j.status = 'done'
+  AND j.locked_by = %(worker)s
+  AND j.claims = r.claims
+  AND j.result IS NULL
+
 -- name: reap_expired
 -- Give expired leases back: ready again after the job's backoff (the attempt
 -- counted, as rota.retry.backoff_seconds computes it for a failed one: base *

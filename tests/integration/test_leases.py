@@ -15,6 +15,7 @@ import rota
 from rota import claim as claims
 from rota.claim import Attempt
 from rota.control import retry_dead
+from rota.errors import InvalidInput
 from rota.jobs import Outcome
 from rota.lookup import get_job
 from rota.reaper import Reaper, ReaperSettings
@@ -342,6 +343,18 @@ def test_complete_in_the_handlers_own_transaction(db_url: str) -> None:
             if not rota.complete(c, stale, now=at(2)):
                 raise RuntimeError("lease lost")
         assert c.execute("SELECT count(*) AS n FROM shipped").fetchone() == {"n": 1}
+
+
+def test_complete_stores_the_result_it_is_given(db_url: str) -> None:
+    rota.enqueue(db_url, "t", now=T0)
+    with psycopg.connect(db_url, row_factory=dict_row) as c:  # type: ignore[arg-type]
+        [job] = claims.claim(c, "w", 1, 30, now=at(0))
+        c.commit()
+        with pytest.raises(InvalidInput, match="not JSON"):
+            rota.complete(c, job, now=at(1), result={"at": object()})
+        assert rota.complete(c, job, now=at(1), result={"url": "s3://a", "n": 2})
+        c.commit()
+    assert rota.result(db_url, job.id) == (rota.Status.DONE, {"url": "s3://a", "n": 2})
 
 
 def test_an_attempt_told_to_stop_cannot_complete_though_it_keeps_its_row(db_url: str) -> None:

@@ -78,6 +78,35 @@ def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_u
     assert row(conn, ids[2])["locked_by"] == "thief"
 
 
+def test_a_self_completed_jobs_return_value_is_stored_unless_complete_stored_one(
+    conn, db_url, io
+) -> None:
+    """A handler that completes its job in its own transaction and returns a
+    value: the worker's outcome finds the row done, and stores the value."""
+    ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(3)])
+    jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}
+    with psycopg.connect(db_url, autocommit=True) as own:
+        assert rota.complete(own, jobs[ids[0]])
+        assert rota.complete(own, jobs[ids[1]], result={"given": "to complete"})
+    buffer, settled = _buffer(batch_size=10)
+    for job_id in ids:
+        attempt = Attempt.of(jobs[job_id], Outcome.DONE, type="t", result='{"returned": 1}')
+        _ended(buffer, jobs[job_id], attempt)
+
+    async def flush_all() -> None:
+        link = Link(db_url, "flush", io)
+        try:
+            while buffer.pending:
+                await buffer.flush(link)
+        finally:
+            link.close()
+
+    asyncio.run(flush_all())
+    assert settled == ids
+    results = [row(conn, i)["result"] for i in ids]
+    assert results == [{"returned": 1}, {"given": "to complete"}, {"returned": 1}]
+
+
 def test_an_outcome_the_database_refuses_holds_back_no_other(conn, db_url, io) -> None:
     ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
     jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}

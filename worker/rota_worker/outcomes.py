@@ -213,6 +213,7 @@ class OutcomeBuffer:
             return set()
         states = await link.run(claims.states, [a.job_id for a in unwritten])
         lost = set()
+        completed = []
         for attempt in unwritten:
             row = states.get(attempt.job_id)
             self_completed = (
@@ -221,8 +222,13 @@ class OutcomeBuffer:
                 and row["locked_by"] == self.worker_id
                 and row["claims"] == attempt.claim
             )
-            if not self_completed:
+            if self_completed:
+                completed.append(attempt)
+            else:
                 lost.add(attempt.key)
+        if any(a.result is not None for a in completed):
+            # What those handlers returned is kept, as any other handler's.
+            await link.run(claims.store_results, self.worker_id, completed)
         return lost
 
     def _account(self, record: Execution, status: Status | None, lost: bool) -> Outcome:
