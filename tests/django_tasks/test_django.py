@@ -26,6 +26,7 @@ from django.test import Client
 
 import rota
 from rota.contrib.django import RotaBackend, rota_priority, setup_worker
+from rota.errors import InvalidInput
 from rota_worker import Worker, WorkerSettings
 from tests.acceptance.procs import wait_for
 from tests.django_tasks.conftest import PROJECT
@@ -354,6 +355,43 @@ def test_rota_worker_django_refuses_a_project_it_cannot_run(shop: str) -> None:
     assert done.stderr.strip().splitlines() == [
         "rota: error: --django needs DJANGO_SETTINGS_MODULE (the project's settings module)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("tasks", "reason"),
+    [
+        (
+            {"default": {"BACKEND": "rota.contrib.django.RotaBackend", "QUEUES": []}},
+            r"TASKS\['default'\] takes any queue \(QUEUES is empty\)",
+        ),
+        (
+            {
+                "default": {"BACKEND": "rota.contrib.django.RotaBackend"},
+                "reports": {
+                    "BACKEND": "rota.contrib.django.RotaBackend",
+                    "OPTIONS": {"DATABASE": "reports"},
+                },
+            },
+            r"TASKS' Rota backends use different databases",
+        ),
+    ],
+    ids=["any queue", "two databases"],
+)
+def test_rota_worker_django_refuses_backends_whose_tasks_it_would_never_run(
+    shop: str, tasks: dict[str, Any], reason: str
+) -> None:
+    """A backend that takes any queue name, or backends on two databases: the
+    worker could not name every queue, or reach every database, so tasks that
+    enqueue() accepted would stay ready for ever."""
+    from django.db import connections
+    from django.test import override_settings
+
+    connections.settings["reports"] = {**connections.settings["default"], "NAME": "reports"}
+    try:
+        with override_settings(TASKS=tasks), pytest.raises(InvalidInput, match=reason):
+            setup_worker()
+    finally:
+        del connections.settings["reports"]
 
 
 def test_a_task_past_the_limits_is_refused_like_any_job(shop: str) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import psycopg
 from django.db import close_old_connections, connections
-from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+from django.tasks import task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import (
     Task,
@@ -362,18 +362,30 @@ def setup_worker() -> tuple[list[str], str]:
     import django
 
     django.setup()
-    types: list[str] = []
-    alias = None
-    for name in task_backends:
-        backend = task_backends[name]
-        if isinstance(backend, RotaBackend):
-            alias = alias or backend.database
-            for queue in sorted(backend.queues or {DEFAULT_TASK_QUEUE_NAME}):
-                types.append(job_type(queue))
-                rota.handler(job_type(queue))(run_task)
-    if not types:
+    ours = {name: task_backends[name] for name in task_backends}
+    ours = {name: b for name, b in ours.items() if isinstance(b, RotaBackend)}
+    if not ours:
         raise InvalidInput("no task backend in Django's TASKS is rota.contrib.django.RotaBackend")
-    return sorted(set(types)), database_url(alias or "default")
+    # A worker runs the queues it can name, on one database: a backend that
+    # takes any queue, or backends on two databases, would leave tasks that
+    # enqueue() accepted ready for ever.
+    for name, backend in ours.items():
+        if not backend.queues:
+            raise InvalidInput(
+                f"TASKS[{name!r}] takes any queue (QUEUES is empty): list its queues,"
+                " so that rota worker --django runs every one of them"
+            )
+    urls = {name: database_url(backend.database) for name, backend in ours.items()}
+    if len(set(urls.values())) > 1:
+        named = ", ".join(f"{n!r} on {ours[n].database!r}" for n in sorted(urls))
+        raise InvalidInput(
+            f"TASKS' Rota backends use different databases ({named}):"
+            " rota worker --django runs the tasks of one database"
+        )
+    types = sorted({job_type(queue) for backend in ours.values() for queue in backend.queues})
+    for name in types:
+        rota.handler(name)(run_task)
+    return types, next(iter(urls.values()))
 
 
 def database_url(alias: str) -> str:
