@@ -491,14 +491,19 @@ class Run:
 
     def _wait_for(self, name: str, key: str, timeout: float | None) -> Any:
         ended = self._wait(name, "event", key=key, seconds=timeout)
-        if ended == "event":
-            rows = self._read(sql.query("event_payload"), {"key": key})
-            if rows[0]["emitted"]:
-                return rows[0]["payload"]
-        # Its time came first, on this run as on any later one (an emit since
-        # then wakes other waits); or the event was emitted so long ago that
-        # the archive has deleted it since.
-        raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout is not None else None)
+        if ended != "event":
+            # Its time came first, on this run as on any later one (an emit
+            # since then wakes other waits).
+            raise TimedOut(f"no event {key!r} within {timeout:g}s" if timeout is not None else None)
+        # Read from the wait, not the event: the archive deletes events after
+        # their retention, and the key may be emitted anew after that.
+        [got] = self._read(sql.query("wait_payload"), {"job": self.job.id, "name": name})
+        if not got["kept"]:
+            raise Permanent(
+                f"the payload of event {key!r} is gone: {name} ended before migration 0044"
+                " and the event was deleted (or emitted anew) before it ran"
+            )
+        return got["payload"]
 
     def _spawning(
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any

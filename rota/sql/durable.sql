@@ -26,10 +26,14 @@ WHERE j.id = $1::bigint AND j.status = 'running' AND j.locked_by = $6::text
   AND j.claims = $4::int
 ON CONFLICT (job_id, name) DO NOTHING
 
--- name: event_payload
-SELECT true AS emitted, payload FROM rota.job_event WHERE key = %(key)s
-UNION ALL
-SELECT false, NULL WHERE NOT EXISTS (SELECT FROM rota.job_event WHERE key = %(key)s)
+-- name: wait_payload
+-- The payload a wait ended by 'event' got, kept on the wait's row (migration
+-- 0044): the event itself may be deleted since (the archive's event
+-- retention), or its key emitted anew. An emit without a payload is kept as
+-- JSON null; SQL NULL (`kept` false) is a wait that ended before 0044 whose
+-- event was gone by then.
+SELECT payload IS NOT NULL AS kept, payload FROM rota.job_wait
+WHERE job_id = %(job)s AND name = %(name)s
 
 -- name: children_known
 SELECT child_id FROM rota.job_child

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import rota
+from rota.archive import Archiver
 from rota.durable import wake_due
 from rota.jobs import Job
 from rota.reaper import Reaper, ReaperSettings
@@ -203,3 +204,63 @@ def test_a_second_wait_on_a_key_waits_anew_after_the_first_timed_out(conn, db_ur
         ("event:parcel", "time"),
         ("event#2:parcel", "event"),
     ]
+
+
+def waits_then_naps(job: Job, ctx: rota.Context) -> Any:
+    try:
+        got = ctx.wait_for(job.payload["key"], timeout=3600)
+    except rota.TimedOut:
+        return "timed out"
+    ctx.sleep(60)
+    return {"got": got}
+
+
+def asleep(conn: Any, job_id: int) -> bool:
+    """The job waits on its sleep, past its event wait."""
+    sleep = "SELECT 1 FROM rota.job_wait WHERE job_id = %s AND name = 'sleep:1'"
+    waiting = row(conn, job_id)["status"] == "waiting"
+    return waiting and conn.execute(sleep, (job_id,)).fetchone() is not None
+
+
+def test_a_wait_that_got_its_event_keeps_its_payload_once_the_event_is_deleted(
+    conn, db_url
+) -> None:
+    # The archive deletes events after their retention (30 days); a job that
+    # got one and slept on read it again by key on its next run, and took the
+    # timeout's path (or a later emit's payload) once it was gone.
+    found = handlers(waits_then_naps=waits_then_naps)
+    woken = rota.enqueue(conn, "waits.then.naps", {"key": "parcel"})
+    bare = rota.enqueue(conn, "waits.then.naps", {"key": "bare"})
+    with running(db_url, found, concurrency=2):
+        until_status(conn, woken, "waiting")
+        until_status(conn, bare, "waiting")
+        assert rota.emit(conn, "parcel", {"tracking": "1Z999"}) == 1
+        assert rota.emit(conn, "bare") == 1
+        late = rota.enqueue(conn, "waits.then.naps", {"key": "parcel"})  # finds it emitted
+        for job_id in (woken, bare, late):
+            wait_for(lambda j=job_id: asleep(conn, j), what=f"job {job_id} asleep after its wait")
+    assert Archiver().run_once(db_url, now=later(conn, 31 * 86400)).events == 2
+    assert rota.emit(conn, "parcel", {"tracking": "another parcel"}) == 0
+    with running(db_url, found, concurrency=2):
+        assert sorted(wake_due(db_url, now=later(conn, 61))) == sorted([woken, bare, late])
+        results = [until_status(conn, j, "done")["result"] for j in (woken, bare, late)]
+    parcel = {"got": {"tracking": "1Z999"}}
+    assert results == [parcel, {"got": None}, parcel]
+
+
+def test_a_wait_ended_before_its_payload_was_kept_fails_its_job_on_a_later_run(
+    conn, db_url
+) -> None:
+    # A wait that ended by event before migration 0044, its event deleted before
+    # the migration ran: the payload is nowhere, and neither the timeout's path
+    # nor None would be what the first run got.
+    found = handlers(waits_then_naps=waits_then_naps)
+    rota.emit(conn, "lost", {"n": 1})
+    job_id = rota.enqueue(conn, "waits.then.naps", {"key": "lost"})
+    with running(db_url, found, concurrency=1):
+        wait_for(lambda: asleep(conn, job_id), what=f"job {job_id} asleep after its wait")
+        conn.execute("UPDATE rota.job_wait SET payload = NULL WHERE job_id = %s", (job_id,))
+        assert wake_due(db_url, now=later(conn, 61)) == [job_id]
+        failed = until_status(conn, job_id, "failed", "done")
+    assert failed["status"] == "failed", failed["result"]
+    assert "the payload of event 'lost' is gone" in failed["last_error"], failed["last_error"]

@@ -182,3 +182,43 @@ def test_schedules_stored_before_0037_stay_and_pass_their_slots(empty_db_url: st
             {"name": "nan", "ahead": True, "jobs": 0},
             {"name": "never", "ahead": True, "jobs": 0},
         ]
+
+
+def test_waits_ended_by_event_before_0044_take_the_payload_still_there(empty_db_url: str) -> None:
+    # Migration 0044 keeps the payload on a wait ended by 'event'. A wait that
+    # ended before it takes its event's payload while the event is there, not
+    # that of a key emitted anew since, and none once the event is gone.
+    ended = datetime(2030, 1, 1, tzinfo=UTC)
+    with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(sql.query("migrate_bootstrap"))
+        for number, name, text in sql.migrations():
+            if number < 44:
+                conn.execute(text.encode())
+                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        conn.execute(
+            "INSERT INTO rota.job_event (key, payload, emitted_at)"
+            " VALUES ('kept', '{\"n\": 1}', %(before)s), ('bare', NULL, %(before)s),"
+            "        ('anew', '{\"n\": 2}', %(after)s), ('open', '{\"n\": 3}', %(after)s)",
+            {"before": ended - timedelta(hours=1), "after": ended + timedelta(hours=1)},
+        )
+        conn.execute(
+            "INSERT INTO rota.job_wait (job_id, name, kind, event_key, started_at, ended_at,"
+            "                           ended_by)"
+            " SELECT 1, 'event:' || k, 'event', k, %(ended)s - interval '1 day', e, b"
+            " FROM (VALUES ('kept', %(ended)s::timestamptz, 'event'),"
+            "              ('bare', %(ended)s, 'event'), ('gone', %(ended)s, 'event'),"
+            "              ('anew', %(ended)s, 'event'), ('open', NULL, NULL)) AS v(k, e, b)",
+            {"ended": ended},
+        )
+        assert migrate(conn) == [n for n, _, _ in sql.migrations() if n >= 44]
+        rows = conn.execute(
+            "SELECT event_key, payload, payload IS NULL AS unknown FROM rota.job_wait"
+            " ORDER BY event_key"
+        ).fetchall()
+    assert [(r["event_key"], r["payload"], r["unknown"]) for r in rows] == [
+        ("anew", None, True),
+        ("bare", None, False),
+        ("gone", None, True),
+        ("kept", {"n": 1}, False),
+        ("open", None, True),
+    ]
