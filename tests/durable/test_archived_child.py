@@ -1,6 +1,7 @@
 """An archived child keeps the job that spawned it: `rota jobs show`, the
 console's job page and `rota.durable.trail` name its parent once the archiver
-has moved it, as before."""
+has moved it, as before; and the archive keeps it while its parent has not
+ended, for the parent reads it on every run."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import rota
 from rota import durable
 from rota.archive import Archiver, ArchiveSettings
 from rota.cli import main
+from tests.acceptance.procs import wait_for
 from tests.archived_rows import archive_as_before_the_check
-from tests.durable.helpers import handlers, running, until_status
+from tests.durable.helpers import handlers, later, row, running, until_status
 from tests.web.conftest import BEARER, make_client
 
 
@@ -67,3 +69,46 @@ def test_a_child_archived_in_a_status_no_reader_knows_has_ended(conn, db_url) ->
     with running(db_url, found, concurrency=1):
         done = until_status(conn, parent, "done")
     assert done["result"] == {"child": child, "status": "sleeping"}
+
+
+def gathers_then_sleeps(job: Any, ctx: rota.Context) -> Any:
+    ids = [ctx.spawn("report.page", {"page": page}) for page in (1, 2)]
+    pages = ctx.gather(ids)
+    ctx.sleep(60)
+    return pages
+
+
+def page(job: Any, ctx: rota.Context) -> Any:
+    return job.payload["page"] * 10
+
+
+def test_an_archive_retention_keeps_the_children_of_a_parent_that_has_not_ended(
+    conn, db_url
+) -> None:
+    # A parent reads its children's outcomes on every run, from the archive once
+    # they are archived; the archive's retention deleted them, and the parent's
+    # next run failed with "job N is not a child of job M".
+    found = handlers(gathers_then_sleeps=gathers_then_sleeps, report_page=page)
+    parent = rota.enqueue(conn, "gathers.then.sleeps", {})
+    with running(db_url, found, concurrency=2):
+        wait_for(lambda: asleep(conn, parent), what=f"job {parent} asleep after its gather")
+    kept = ArchiveSettings(done_retention_seconds=0, archive_retention_seconds=0)
+    for seconds in (10, 20):  # archived, then past the archive's retention
+        Archiver(kept).run_once(conn, now=later(conn, seconds))
+    archived = "SELECT id FROM rota.job_archive WHERE parent_id = %s"
+    assert len(conn.execute(archived, (parent,)).fetchall()) == 2
+    with running(db_url, found, concurrency=1):
+        assert durable.wake_due(db_url, now=later(conn, 61)) == [parent]
+        done = until_status(conn, parent, "done", "failed")
+    assert (done["status"], done["result"]) == ("done", [10, 20]), done["last_error"]
+    # Once the parent has ended, its children go as any archived row.
+    for seconds in (10, 20):
+        Archiver(kept).run_once(conn, now=later(conn, seconds))
+    assert conn.execute(archived, (parent,)).fetchall() == []
+
+
+def asleep(conn: Any, job_id: int) -> bool:
+    """The job waits on its first sleep."""
+    sleep = "SELECT 1 FROM rota.job_wait WHERE job_id = %s AND name = 'sleep:1'"
+    waiting = row(conn, job_id)["status"] == "waiting"
+    return waiting and conn.execute(sleep, (job_id,)).fetchone() is not None

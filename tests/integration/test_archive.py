@@ -107,6 +107,7 @@ def test_deleting_archived_rows_walks_the_archive_by_index(conn: Conn) -> None:
     plan = generic_plan(conn, "delete_archived")
     assert "Seq Scan" not in plan, plan
     assert "job_archive_archived_idx" in plan and "job_archive_pkey" in plan, plan
+    assert "Index Scan using job_pkey" in plan, plan  # a child's parent, by its id
 
 
 def test_deleting_expired_unique_keys_walks_the_keys_by_index(conn: Conn) -> None:

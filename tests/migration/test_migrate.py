@@ -222,3 +222,27 @@ def test_waits_ended_by_event_before_0044_take_the_payload_still_there(empty_db_
         ("kept", {"n": 1}, False),
         ("open", None, True),
     ]
+
+
+def test_children_archived_before_0038_take_their_parent_while_it_is_there(
+    empty_db_url: str,
+) -> None:
+    # The archive keeps the archived children of a parent that has not ended, by
+    # their parent_id; a child archived before 0038 has none, and takes it from
+    # rota.job_child, whose rows stay while their parent is in rota.job.
+    with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(sql.query("migrate_bootstrap"))
+        for number, name, text in sql.migrations():
+            if number < 44:
+                conn.execute(text.encode())
+                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        conn.execute(
+            "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
+            "                              max_attempts, created_at, archived_at)"
+            " SELECT g, 't', '{}', 'done', now(), 1, 3, now(), now()"
+            " FROM generate_series(2, 3) AS g"
+        )
+        conn.execute("INSERT INTO rota.job_child (parent_id, name, child_id) VALUES (1, '1', 2)")
+        assert migrate(conn) == [n for n, _, _ in sql.migrations() if n >= 44]
+        rows = conn.execute("SELECT id, parent_id FROM rota.job_archive ORDER BY id").fetchall()
+    assert rows == [{"id": 2, "parent_id": 1}, {"id": 3, "parent_id": None}]

@@ -1,4 +1,5 @@
--- A wait that ended by its event keeps the event's payload.
+-- What a durable job's later runs read is kept: the payload a wait got, and
+-- the archived children of a parent that has not ended.
 --
 -- A run that came back to a wait ended by 'event' looked the payload up again
 -- by key in rota.job_event, and the archive deletes events after their
@@ -121,3 +122,14 @@ BEGIN
     RETURN 'waiting';
 END
 $$;
+
+-- A parent reads its children's outcomes on every run, from rota.job_archive
+-- once they are archived, and the archive's retention deleted them: the
+-- parent's next run failed ("job N is not a child of job M"). The deletion of
+-- archived rows (delete_archived) keeps the children of a parent that has not
+-- ended now, found by rota.job_archive.parent_id: a child archived before
+-- migration 0038 has none. Such children of parents
+-- still in rota.job (whose rota.job_child rows are kept with them) take it.
+UPDATE rota.job_archive AS a SET parent_id = c.parent_id
+FROM rota.job_child AS c
+WHERE a.parent_id IS NULL AND c.child_id = a.id;
