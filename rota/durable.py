@@ -275,6 +275,11 @@ class Run:
         so that an async handler's event loop numbering a call never waits on
         another call's round trip."""
         self._in_step = False
+        self._suspended: str | None = None
+        """The wait this run suspended on. The job is waiting from then on and
+        the attempt is over, whatever its handler does: every durable call
+        after it raises `Suspended` again (a handler that caught it runs no step
+        and makes no child or wait)."""
         self._lock = threading.RLock()
         """Held by each durable call while it uses the run's state and connection:
         calls made at once (threads, or an async handler's `asyncio.gather`) take
@@ -360,6 +365,7 @@ class Run:
 
     def _begin_step(self, name: str) -> tuple[bool, Any]:
         with self._lock:
+            self.raise_if_suspended()
             self._name(name, "step")
             if self._in_step:
                 raise Permanent(
@@ -439,6 +445,7 @@ class Run:
     def prepare(self, method: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         """The durable call `method` (sleep, wait_for, spawn, gather) checked and
         named now; the function returned does it."""
+        self.raise_if_suspended()
         preparers: dict[str, Callable[..., Callable[[], Any]]] = {
             "sleep": self._sleeping,
             "wait_for": self._waiting_for,
@@ -449,25 +456,25 @@ class Run:
 
     def sleep(self, seconds: float) -> None:
         """Leave the worker for `seconds` (the job waits); return once they have passed."""
-        self._sleeping(seconds)()
+        self.prepare("sleep", seconds)()
 
     def wait_for(self, key: str, timeout: float | None = None) -> Any:
         """The payload of the first emit of `key`, waiting (job waiting) until it comes;
         `TimedOut` once `timeout` seconds have passed since the job first waited on it."""
-        return self._waiting_for(key, timeout)()
+        return self.prepare("wait_for", key, timeout)()
 
     def spawn(
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
     ) -> int:
         """Enqueue a child once per this job and `name` (default: the n-th spawn of
         the run); its id, the same on every run."""
-        made: int = self._spawning(job_type, payload, name=name, **options)()
+        made: int = self.prepare("spawn", job_type, payload, name=name, **options)()
         return made
 
     def gather(self, ids: Sequence[int]) -> list[Any]:
         """The results of children `ids`, in order, once every one has ended;
         `ChildFailed` for the first that did not end done."""
-        gathered: list[Any] = self._gathering(ids)()
+        gathered: list[Any] = self.prepare("gather", ids)()
         return gathered
 
     def _sleeping(self, seconds: float) -> Callable[[], Any]:
@@ -518,6 +525,7 @@ class Run:
         return lambda: self._spawn(name, params)
 
     def _spawn(self, name: str, params: dict[str, Any]) -> int:
+        self.raise_if_suspended()  # an async spawn called before the suspension
         self.job.raise_if_cancelled()
         [made] = self._write(sql.query("spawn_child"), params)
         if not made["held"]:
@@ -570,6 +578,7 @@ class Run:
     ) -> str:
         """Suspend on the wait `name` unless it has ended; how it ended."""
         with self._lock:
+            self.raise_if_suspended()  # an async wait called before the suspension
             if self._in_step:
                 raise Permanent(f"{name!r} inside a step: a step cannot wait")
         # A stopped attempt does not wait: it ends as its stop says.
@@ -592,8 +601,15 @@ class Run:
         if state == "cancelled":  # asked while it ran: its worker has not heard yet
             raise CancelRequested(f"job {self.job.id}: cancel requested; no wait on {name}")
         if state == "waiting":
+            self._suspended = name
             raise Suspended(self.job.id, name)
         return state
+
+    def raise_if_suspended(self) -> None:
+        """`Suspended` again once the run has suspended: the job waits, and this
+        attempt is over however its handler took the first one."""
+        if self._suspended is not None:
+            raise Suspended(self.job.id, self._suspended)
 
     def _holder(self) -> dict[str, Any]:
         """The lease this run writes under: a statement given it writes nothing

@@ -9,10 +9,11 @@ its job in its own transaction).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rota import limits
@@ -114,10 +115,8 @@ def call(handler: Handler, job: Job, context: Context) -> Any:
     if not handler.wants_context:
         return handler.func(job)
     own = context.for_job(job)
-    try:
+    with _suspension_kept(own):
         return handler.func(job, own)
-    finally:
-        own.close()
 
 
 async def acall(handler: Handler, job: Job, context: Context) -> Any:
@@ -125,10 +124,25 @@ async def acall(handler: Handler, job: Job, context: Context) -> Any:
     if not handler.wants_context:
         return await handler.func(job)
     own = context.for_job(job, is_async=True)
-    try:
+    with _suspension_kept(own):
         return await handler.func(job, own)
+
+
+@contextlib.contextmanager
+def _suspension_kept(own: Context) -> Iterator[None]:
+    """Around a handler's call with its context `own` (closed after): once its
+    run has suspended, the attempt ends `Suspended` whatever the handler did
+    after it (caught it and returned, or raised something else). The job is
+    waiting; what the handler made of it has nowhere to go."""
+    assert own.run is not None
+    try:
+        yield
+    except Exception:
+        own.run.raise_if_suspended()
+        raise
     finally:
         own.close()
+    own.run.raise_if_suspended()
 
 
 @dataclasses.dataclass(frozen=True)

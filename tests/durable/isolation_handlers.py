@@ -150,3 +150,17 @@ async def async_cancelled_in_a_step(job: rota.Job, ctx: rota.Context) -> Any:
     else:
         await ctx.wait_for(f"never:{job.id}")
     return record(ctx, job, "after")
+
+
+@rota.handler("iso.swallows.suspension")
+def swallows_suspension(job: rota.Job, ctx: rota.Context) -> Any:
+    """Its `except Exception` meant for `rota.TimedOut` catches `rota.Suspended`:
+    the timeout branch's step must not run."""
+    try:
+        return ctx.wait_for(f"shipped:{job.id}", timeout=3600)
+    except Exception:
+        try:
+            ctx.step("refund", record, ctx, job, "refund")
+        except Exception as again:
+            record(ctx, job, f"then {type(again).__name__}")
+        return "cancelled"

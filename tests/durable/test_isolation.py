@@ -189,3 +189,15 @@ def test_a_stop_leaves_each_job_where_it_stood(conn, db_url, isolation) -> None:
         done = until_status(conn, inside, "done", "dead", "failed")
     assert (done["result"], done["attempts"]) == ("stored", 1)
     assert len(_pids(conn, inside, "written")) == 1
+
+
+@pytest.mark.parametrize("settings", ISOLATIONS.values(), ids=ISOLATIONS.keys())
+def test_a_swallowed_suspension_runs_no_step_in_every_isolation(conn, db_url, settings) -> None:
+    job_id = rota.enqueue(conn, "iso.swallows.suspension")
+    with _worker(conn, db_url, **settings):
+        wait_for(lambda: effects(conn, job_id), what="the handler past its suspension")
+        assert until_status(conn, job_id, "waiting")["attempts"] == 0
+        rota.emit(conn, f"shipped:{job_id}", "1Z999")
+        done = until_status(conn, job_id, "done", "failed", "dead")
+    assert done["result"] == "1Z999", done["last_error"]
+    assert [what for what, _ in effects(conn, job_id)] == ["then Suspended"]

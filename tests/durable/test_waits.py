@@ -264,3 +264,87 @@ def test_a_wait_ended_before_its_payload_was_kept_fails_its_job_on_a_later_run(
         failed = until_status(conn, job_id, "failed", "done")
     assert failed["status"] == "failed", failed["result"]
     assert "the payload of event 'lost' is gone" in failed["last_error"], failed["last_error"]
+
+
+caught: dict[int, list[str]] = {}
+"""What the durable calls after a swallowed suspension raised, by job."""
+
+
+def again(job: Job, calls: list[Any]) -> None:
+    """Make each call, noting what it raised (the handler goes on regardless)."""
+    seen = []
+    for make in calls:
+        try:
+            make()
+            seen.append("nothing")
+        except Exception as exc:
+            seen.append(type(exc).__name__)
+    caught[job.id] = seen
+
+
+def swallows_its_suspension(job: Job, ctx: rota.Context) -> Any:
+    try:
+        shipped = ctx.wait_for(f"shipped:{job.id}", timeout=3600)
+    except Exception:  # meant for rota.TimedOut: catches rota.Suspended too
+        refund = lambda: ran.update([f"{job.id}:refund"])  # noqa: E731
+        again(job, [
+            lambda: ctx.step("refund", refund),
+            lambda: ctx.spawn("quick"),
+            lambda: ctx.sleep(1),
+            lambda: ctx.wait_for(f"other:{job.id}"),
+            lambda: ctx.gather([]),
+        ])  # fmt: skip
+        return {"status": "cancelled"}
+    return {"status": "shipped", "tracking": shipped["tracking"]}
+
+
+async def swallows_its_suspension_async(job: Job, ctx: rota.Context) -> Any:
+    try:
+        shipped = await ctx.wait_for(f"shipped:{job.id}", timeout=3600)
+    except Exception:
+        refund = lambda: ran.update([f"{job.id}:refund"])  # noqa: E731
+        calls = [
+            lambda: ctx.step("refund", refund),
+            lambda: ctx.spawn("quick"),
+            lambda: ctx.sleep(1),
+            lambda: ctx.wait_for(f"other:{job.id}"),
+            lambda: ctx.gather([]),
+        ]
+        seen = []
+        for make in calls:
+            try:
+                await make()
+                seen.append("nothing")
+            except Exception as exc:
+                seen.append(type(exc).__name__)
+        caught[job.id] = seen
+        return {"status": "cancelled"}
+    return {"status": "shipped", "tracking": shipped["tracking"]}
+
+
+@pytest.mark.parametrize("job_type", ["swallows.its.suspension", "swallows.its.suspension.async"])
+def test_a_handler_that_swallows_its_suspension_does_nothing_more(conn, db_url, job_type) -> None:
+    # Caught by `except Exception`, rota.Suspended let the timeout branch run
+    # its step's function (a refund sent, its storing refused), and the job
+    # the event later ended done.
+    job_id = rota.enqueue(conn, job_type)
+    swallowing = handlers(
+        swallows_its_suspension=swallows_its_suspension,
+        swallows_its_suspension_async=swallows_its_suspension_async,
+        quick=quick,
+    )
+    with running(db_url, swallowing, concurrency=1):
+        wait_for(lambda: job_id in caught, what="the handler's calls after its suspension")
+        assert caught[job_id] == ["Suspended"] * 5
+        assert until_status(conn, job_id, "waiting")["attempts"] == 0
+        rota.emit(conn, f"shipped:{job_id}", {"tracking": "1Z999"})
+        done = until_status(conn, job_id, "done", "failed", "dead")
+    assert done["result"] == {"status": "shipped", "tracking": "1Z999"}, done["last_error"]
+    assert ran[f"{job_id}:refund"] == 0
+    left = conn.execute(
+        "SELECT (SELECT count(*) FROM rota.job_step WHERE job_id = %(job)s) AS steps,"
+        " (SELECT count(*) FROM rota.job_wait WHERE job_id = %(job)s) AS waits,"
+        " (SELECT count(*) FROM rota.job WHERE parent_id = %(job)s) AS children",
+        {"job": job_id},
+    ).fetchone()
+    assert left == {"steps": 0, "waits": 1, "children": 0}
