@@ -274,7 +274,8 @@ class Run:
         """Held while a call is numbered or named: never held across a statement,
         so that an async handler's event loop numbering a call never waits on
         another call's round trip."""
-        self._in_step = False
+        self._step: str | None = None
+        """The step whose function runs now, if one does."""
         self._suspended: str | None = None
         """The wait this run suspended on. The job is waiting from then on and
         the attempt is over, whatever its handler does: every durable call
@@ -367,7 +368,7 @@ class Run:
         with self._lock:
             self.raise_if_suspended()
             self._name(name, "step")
-            if self._in_step:
+            if self._step is not None:
                 raise Permanent(
                     f"step {name!r} began while another step ran: steps neither nest"
                     " nor run at once"
@@ -377,7 +378,7 @@ class Run:
             if name in self._stored:
                 return True, self._stored[name]
             self.job.raise_if_cancelled()  # a stopped attempt starts no new step
-            self._in_step = True
+            self._step = name
             return False, None
 
     def _end_step(self, name: str, value: Any, started: float) -> Any:
@@ -393,7 +394,7 @@ class Run:
                 why = why[len(_RESULT) :]
                 raise Permanent(f"step {name!r} returned a value that{why}") from None
             raise Permanent(f"step {name!r} returned a value rota cannot store: {why}") from None
-        self._in_step = False
+        self._step = None
         # The step's writes (if it made any through `conn`) and its result commit
         # together; a step that wrote nothing stores its result in one round trip.
         save = sql.query("save_step")
@@ -430,7 +431,7 @@ class Run:
 
     def _abandon_step(self) -> None:
         with self._lock:
-            self._in_step = False
+            self._step = None
             conn = self._conn
             if conn is not None and conn.info.transaction_status != pq.TransactionStatus.IDLE:
                 with errors_wrapped():
@@ -467,7 +468,8 @@ class Run:
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
     ) -> int:
         """Enqueue a child once per this job and `name` (default: the n-th spawn of
-        the run); its id, the same on every run."""
+        the run, or `s/n` for the n-th inside step `s`); its id, the same on
+        every run."""
         made: int = self.prepare("spawn", job_type, payload, name=name, **options)()
         return made
 
@@ -516,13 +518,24 @@ class Run:
         self, job_type: str, payload: Any = None, *, name: str | None = None, **options: Any
     ) -> Callable[[], int]:
         self.job.raise_if_cancelled()  # a stopped attempt makes no new child
-        count = self._next("spawn")
-        name = limits.name(str(count) if name is None else name, "spawn name")
+        default = self._default_spawn_name()
+        name = limits.name(default if name is None else name, "spawn name")
         params = _child_params(self.job.id, name, job_type, payload, options) | self._holder()
         # Twice in one run, a name would answer the second spawn with the first
         # one's child (of another type, maybe): a bug, as a step's name used twice.
         self._name(name, "spawn")
         return lambda: self._spawn(name, params)
+
+    def _default_spawn_name(self) -> str:
+        """The name of this spawn if it is given none: the n-th spawn of the run is
+        named n; inside step `s`, the n-th spawn of the step is named `s/n`,
+        apart from the run's count: a later run whose step answers from
+        storage makes no spawn there, and the spawns after it keep their
+        names. Counted for every spawn, named or not."""
+        step = self._step
+        if step is None:
+            return str(self._next("spawn"))
+        return f"{step}/{self._next(f'spawn in step:{step}')}"
 
     def _spawn(self, name: str, params: dict[str, Any]) -> int:
         self.raise_if_suspended()  # an async spawn called before the suspension
@@ -579,7 +592,7 @@ class Run:
         """Suspend on the wait `name` unless it has ended; how it ended."""
         with self._lock:
             self.raise_if_suspended()  # an async wait called before the suspension
-            if self._in_step:
+            if self._step is not None:
                 raise Permanent(f"{name!r} inside a step: a step cannot wait")
         # A stopped attempt does not wait: it ends as its stop says.
         self.job.raise_if_cancelled()
@@ -657,7 +670,7 @@ class Run:
         a run whose handler never asked for `conn`)."""
         with self._lock, errors_wrapped():
             conn = self._own()
-            if self._in_step or conn.autocommit:
+            if self._step is not None or conn.autocommit:
                 return send(conn)
             if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                 conn.autocommit = True

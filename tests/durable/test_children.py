@@ -245,3 +245,26 @@ def test_a_child_takes_its_handlers_priority_unless_it_names_one(
         done = until_status(conn, parent, "done", "failed", "dead")
     assert done["status"] == "done", done["last_error"]
     assert [row(conn, child)["priority"] for child in done["result"]] == [5, 1]
+
+
+def spawns_in_a_step_then_outside(job: Job, ctx: rota.Context) -> Any:
+    helper = ctx.step("prepare", lambda: ctx.spawn("double", {"n": 1}))
+    main = ctx.spawn("double", {"n": 10})
+    return {"main": ctx.gather([main]), "helper": helper}
+
+
+def test_a_spawn_inside_a_step_leaves_the_default_names_outside_as_they_are(conn, db_url) -> None:
+    # The spawn inside the step took the run's name "1": on the run after the
+    # gather the step answered from storage, the spawn after it was named "1"
+    # and found the step's child, and the parent gathered its result (2).
+    parent = rota.enqueue(conn, "spawns.in.a.step.then.outside")
+    spawner = handlers(spawns_in_a_step_then_outside=spawns_in_a_step_then_outside, double=double)
+    with running(db_url, spawner, concurrency=2):
+        done = until_status(conn, parent, "done", "failed", "dead")
+    assert done["result"]["main"] == [20], done["last_error"]
+    children = conn.execute(
+        "SELECT c.name, j.payload FROM rota.job_child c JOIN rota.job j ON j.id = c.child_id"
+        " WHERE c.parent_id = %s ORDER BY c.name",
+        (parent,),
+    ).fetchall()
+    assert [(c["name"], c["payload"]["n"]) for c in children] == [("1", 10), ("prepare/1", 1)]
