@@ -71,11 +71,8 @@ from rota.settings import ConnectionSettings, QueueSettings
 
 _DEFAULTS = QueueSettings()
 
-_SAME_IN_JSON = frozenset({str, int, bool, type(None)})
-"""Types whose values JSON gives back equal and of the same type."""
-
 _Sent = TypeVar("_Sent")
-"""What a run's statement answers: its rows, or how many it stored."""
+"""What a run's statement answers: its rows."""
 
 _RESULT = "the handler's return value"
 """How `limits.encode_result` names the value it refuses (a step's result, here)."""
@@ -408,12 +405,13 @@ class Run:
             self.now,
         )
         stored_rows = self._commit(
-            lambda conn: self._cursor(conn).execute(save, args).rowcount, none_undoes=True
+            lambda conn: self._cursor(conn).execute(save, args).fetchall(), none_undoes=True
         )
         if not stored_rows:
             raise LeaseLost(f"job {self.job.id}: lease lost before step {name!r} was stored")
-        # What a later run reads back: JSON's reading of the value.
-        stored = value if type(value) in _SAME_IN_JSON else json.loads(encoded)
+        # The value as stored, read back by the statement that stored it: what
+        # a later run reads (jsonb orders keys and reads 1e20 as a whole number).
+        [(stored,)] = stored_rows
         assert self._stored is not None
         self._stored[name] = stored
         return stored

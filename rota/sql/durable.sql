@@ -10,9 +10,10 @@ SELECT name, result FROM rota.job_step WHERE job_id = $1::bigint
 
 -- name: save_step
 -- A step completed: stored once, in the transaction of whatever the step
--- wrote through the run's connection, if the lease is still held. No row
--- stored (rowcount 0): the lease is gone (or the step was stored already),
--- roll back. The statement a run sends most, so its parameters are
+-- wrote through the run's connection, if the lease is still held; the result
+-- as stored comes back, read as later runs read it (steps_of_job), so that
+-- the first run returns the same value. No row: the lease is gone (or the
+-- step was stored already), roll back. The statement a run sends most, so its parameters are
 -- positional, sent through a raw cursor (no named-parameter conversion):
 -- $1 job, $2 name, $3 result, $4 the claim's number, $5 seconds the step
 -- took, $6 worker, $7 now (NULL: the database's clock). The step records the
@@ -25,6 +26,7 @@ FROM rota.job AS j
 WHERE j.id = $1::bigint AND j.status = 'running' AND j.locked_by = $6::text
   AND j.claims = $4::int
 ON CONFLICT (job_id, name) DO NOTHING
+RETURNING result
 
 -- name: wait_payload
 -- The payload a wait ended by 'event' got, kept on the wait's row (migration

@@ -172,3 +172,27 @@ def test_a_dead_job_retried_keeps_its_steps(conn, db_url) -> None:
         done = until_status(conn, job_id, "done", "dead")
     assert (done["result"], done["attempts"]) == (["first", "second"], 1)
     assert (ran[f"{job_id}:first"], ran[f"{job_id}:second"]) == (1, 1)
+
+
+seen: dict[int, list[Any]] = collections.defaultdict(list)
+"""What each run of a job saw of its step's result, as repr, in order."""
+
+
+def reads_its_step(job: Job, ctx: rota.Context) -> Any:
+    value = ctx.step("lines", lambda: {"sprocket-xl": 3, "nut": 100, "big": 1e20, "neg": -0.0})
+    seen[job.id].append([(key, repr(item)) for key, item in value.items()])
+    if job.attempts == 1:
+        raise RuntimeError("again: the next run reads the step from storage")
+    return "read"
+
+
+def test_a_step_returns_on_its_first_run_what_later_runs_read(conn, db_url) -> None:
+    # The first run returned the value as JSON gives it back (keys in their
+    # order, 1e20 a float, -0.0), later ones as jsonb stores it (keys shortest
+    # first, 1e20 an int, 0.0): a loop over the keys paired them with other
+    # children on a later run.
+    job_id = rota.enqueue(conn, "reads.its.step", max_attempts=2)
+    with running(db_url, handlers(reads_its_step=reads_its_step), concurrency=1, backoff=FAST):
+        until_status(conn, job_id, "done")
+    first, later = seen[job_id]
+    assert first == later
