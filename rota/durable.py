@@ -335,7 +335,7 @@ class Run:
 
     def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` once per job and `name`; its stored result after."""
-        found, value = self._begin_step(name)
+        found, value = self._begin_step(name, fn)
         if found:
             return value
         started = time.perf_counter()
@@ -348,7 +348,7 @@ class Run:
 
     async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """`step` for async handlers: `fn` may be a coroutine function."""
-        found, value = await asyncio.to_thread(self._begin_step, name)
+        found, value = await asyncio.to_thread(self._begin_step, name, fn)
         if found:
             return value
         started = time.perf_counter()
@@ -361,10 +361,18 @@ class Run:
             await asyncio.to_thread(self._abandon_step)
             raise
 
-    def _begin_step(self, name: str) -> tuple[bool, Any]:
+    def _begin_step(self, name: str, fn: object) -> tuple[bool, Any]:
         with self._lock:
             self.raise_if_suspended()
             self._name(name, "step")
+            if not callable(fn):
+                # Most often the function called where it is passed: the call
+                # has run already, and a retry would run it (and all before it)
+                # again.
+                raise Permanent(
+                    f"step {name!r} takes a function to call, not a {type(fn).__name__}"
+                    " (pass the function and its arguments, not what it returned)"
+                )
             if self._step is not None:
                 raise Permanent(
                     f"step {name!r} began while another step ran: steps neither nest"

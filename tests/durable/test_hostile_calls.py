@@ -83,6 +83,11 @@ CASES: dict[str, tuple[Call, str]] = {
     "step int": (lambda c, j: c.step(7, int), f"InvalidInput: step name {EMPTY} 7"),
     "step None": (lambda c, j: c.step(None, int), f"InvalidInput: step name {EMPTY} None"),
     "step bytes name": (lambda c, j: c.step(b"a", int), f"InvalidInput: step name {EMPTY} b'a'"),
+    "step not callable": (
+        lambda c, j: c.step("s", {"payment": "pay-1"}),
+        "Permanent: step 's' takes a function to call, not a dict"
+        " (pass the function and its arguments, not what it returned)",
+    ),
     # -- what a step's function returns
     "step NaN": (
         lambda c, j: c.step("s", _writes_then_returns(c, j, math.nan)),

@@ -196,3 +196,22 @@ def test_a_step_returns_on_its_first_run_what_later_runs_read(conn, db_url) -> N
         until_status(conn, job_id, "done")
     first, later = seen[job_id]
     assert first == later
+
+
+def calls_its_step_too_soon(job: Job, ctx: rota.Context) -> Any:
+    ran[f"{job.id}:before"] += 1
+    return ctx.step("charge", ran.update([f"{job.id}:charge"]))  # the call's result
+
+
+def test_a_step_given_no_function_fails_at_once(conn, db_url) -> None:
+    # A TypeError retried as any error: the code before the step (here the
+    # charge itself, called too soon) ran again on every attempt.
+    job_id = rota.enqueue(conn, "calls.its.step.too.soon", max_attempts=3)
+    too_soon = handlers(calls_its_step_too_soon=calls_its_step_too_soon)
+    with running(db_url, too_soon, concurrency=1, backoff=FAST):
+        found = wait_for(lambda: ended_once(conn, job_id), what="the first attempt to end")
+    assert (found["status"], found["attempts"]) == ("failed", 1), found["last_error"]
+    assert found["last_error"].startswith(
+        "Permanent: step 'charge' takes a function to call, not a NoneType"
+    ), found["last_error"]
+    assert (ran[f"{job_id}:before"], ran[f"{job_id}:charge"]) == (1, 1)
