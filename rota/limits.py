@@ -218,6 +218,23 @@ def name(value: Any, what: str) -> str:
     return str(value)
 
 
+SCHEDULE_KEY_PREFIX = "schedule:"
+"""The keys of a schedule's jobs start with it (rota.schedule_store): a job
+enqueued ahead under one would take a slot, or the window of a unique schedule,
+from the scheduler. The database refuses it on every other job (migration 0045)."""
+
+
+def idempotency_key(value: Any) -> str:
+    """A job's key: a name that is not under the prefix of a schedule's jobs."""
+    key = name(value, "an idempotency key")
+    if key.startswith(SCHEDULE_KEY_PREFIX):
+        raise InvalidInput(
+            f"an idempotency key must not start with {SCHEDULE_KEY_PREFIX!r}"
+            " (the prefix is reserved for the jobs of schedules)"
+        )
+    return key
+
+
 def names(values: Any, what: str) -> list[str]:
     """A sequence of names, never a bare string (which would be its characters)."""
     return [name(v, what[:-1] if what.endswith("s") else what) for v in _sequence(values, what)]
@@ -327,7 +344,7 @@ def new_job(job: NewJob, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     if job.timeout is not None:
         timeout_seconds(job.timeout)
     if job.key is not None:
-        name(job.key, "an idempotency key")
+        idempotency_key(job.key)
     if job.group is not None:
         name(job.group, "a group")
     if job.unique_for is not None or job.unique_active is not False:

@@ -189,3 +189,10 @@ def test_an_unreachable_server_stays_a_runtime_error(capsys, monkeypatch) -> Non
     monkeypatch.setenv("ROTA_DATABASE_URL", "postgresql://rota@127.0.0.1:9/rota?sslmode=disable")
     assert main(["jobs", "list"]) == 1
     assert "cannot reach the database" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [[], ["--unique-for", "3600"], ["--unique-active"]])
+def test_enqueue_refuses_a_key_of_a_schedule_s_jobs(capsys, monkeypatch, extra) -> None:
+    # A job under a slot's key, enqueued ahead, would take the slot from its schedule.
+    err = refused(capsys, monkeypatch, "enqueue", "t", "--key", "schedule:1", *extra)
+    assert "must not start with 'schedule:'" in err

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+import rota
 from rota import schedule_store as schedules
 from rota.errors import InvalidInput
 from rota.schedule_store import ScheduleSpec
@@ -443,3 +444,33 @@ def test_one_schedule_the_database_refuses_stops_no_other(conn, caplog) -> None:
     bad = conn.execute("SELECT * FROM rota.schedule WHERE name = 'a-bad'").fetchone()
     assert bad["next_run_at"] > tick
     assert "schedule 'a-bad'" in caplog.text and "refused" in caplog.text
+
+
+def test_no_other_job_can_take_a_schedule_s_keys_ahead_of_its_slots(conn: Conn) -> None:
+    # The keys of a schedule's jobs can be guessed: a job enqueued ahead under
+    # a slot's key made the scheduler's insert do nothing ("0 job(s) enqueued",
+    # the slot gone), and one under 'schedule:<id>' with a long window made a
+    # unique-for schedule skip every slot. The prefix is the schedules' alone,
+    # at every door.
+    every = add(conn, utc(2026, 1, 1, 8, 30), name="every")
+    windowed = add(conn, utc(2026, 1, 1, 8, 30), name="windowed", unique_for_seconds=60)
+    slot_key = schedules.idempotency_key(every["id"], utc(2026, 1, 1, 9))
+    unique_key = schedules.unique_key(windowed["id"])
+    with pytest.raises(InvalidInput, match=r"^an idempotency key must not start with 'schedule:'"):
+        rota.enqueue(conn, "noop", key=slot_key)
+    with pytest.raises(InvalidInput, match="'schedule:'"):
+        rota.enqueue(conn, "noop", key=unique_key, unique_for=315360000)
+    for statement in (
+        f"SELECT rota.enqueue('noop', '{{}}', '{slot_key}')",
+        f"INSERT INTO rota.job (type, idempotency_key) VALUES ('noop', '{slot_key}')",
+        f"INSERT INTO rota.job (type, unique_key, schedule_id)"
+        f" VALUES ('noop', '{unique_key}', {every['id']})",
+    ):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="'schedule:'"):
+            conn.execute(statement)  # type: ignore[arg-type]
+    job = rota.enqueue(conn, "noop", key="mine")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="'schedule:'"):
+        conn.execute("UPDATE rota.job SET idempotency_key = %s WHERE id = %s", (slot_key, job))
+    result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
+    assert (result.enqueued, result.skipped) == (2, 0)
+    assert slots(conn, every["id"]) == slots(conn, windowed["id"]) == [utc(2026, 1, 1, 9)]

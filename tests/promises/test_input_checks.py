@@ -33,6 +33,9 @@ def _nested(depth: int) -> str:
 JUST_TOO_DEEP = _nested(limits.MAX_JSON_DEPTH + 1)
 BIG = f"jsonb_build_object('x', repeat('a', {limits.MAX_PAYLOAD_BYTES}))"
 
+RESERVED = "an idempotency key must not start with 'schedule:'"
+"""The prefix of the keys of a schedule's jobs, refused for every other job."""
+
 # column, SQL value, the reason's start (the same on every path)
 HOSTILE = [
     ("run_at", "'infinity'", "run_at must be from 1970-01-01 to 9999-12-30 UTC"),
@@ -49,6 +52,8 @@ HOSTILE = [
     ("type", "repeat('é', 513)", "job type is 1026 bytes long, over the limit of 1024"),
     ("idempotency_key", "''", "an idempotency key must be a non-empty string"),
     ("idempotency_key", "repeat('k', 2000)", "an idempotency key is 2000 bytes long"),
+    ("idempotency_key", "'schedule:1:2030-01-01T00:00:00+00:00'", RESERVED),
+    ("unique_key", "'schedule:1'", RESERVED),
     ("group_key", "' '", "a group must be a non-empty string"),
     ("priority", "10", "priority must be a whole number from 0 (first) to 9, not 10"),
     ("priority", "-1", "priority must be a whole number from 0 (first) to 9, not -1"),
@@ -116,6 +121,9 @@ def test_python_refuses_with_the_same_reason(conn: psycopg.Connection[Any]) -> N
         deep = [deep]
     with pytest.raises(InvalidInput, match=r"^payload is nested more than 100 levels deep$"):
         rota.enqueue(conn, "t", deep)
+    with pytest.raises(InvalidInput) as caught:
+        rota.enqueue(conn, "t", key="schedule:1:2030-01-01T00:00:00+00:00")
+    assert str(caught.value) == _refusal(conn, "SELECT rota.enqueue('t', key => 'schedule:1:x')")
     assert _jobs(conn) == []
 
 
@@ -284,6 +292,14 @@ INSTANTS = [
     "'9999-12-30T00:00:00Z'", "'9999-12-30T00:00:00.000001Z'", "'infinity'", "'-infinity'",
     "NULL",
 ]  # fmt: skip
+KEYS = [
+    *NAMES,
+    "'schedule:'", "'schedule:1'", "'schedule:1:x'", "'schedule:12:x'", "'schedule:1:'",
+    "'schedule:12'", "'schedule:1x'", "'Schedule:1:x'", "' schedule:1:x'", "'schedules:1'",
+]  # fmt: skip
+"""Names, and keys under the prefix of a schedule's jobs: each is the key of the
+jobs of schedule 1 or 12, of another or of none (SCHEDULES)."""
+SCHEDULES = ["NULL", "1", "12", "2"]
 PAYLOADS = [
     "'{}'", "NULL", "'[1e131071, 1e131071]'", "'[1e131071]'",
     _nested(limits.MAX_JSON_DEPTH), _nested(limits.MAX_JSON_DEPTH + 1),
@@ -291,8 +307,8 @@ PAYLOADS = [
     "jsonb_build_object('x', repeat(E'\\u0001', 43689))", "'\"\"'",
 ]  # fmt: skip
 EDGES = {
-    "type": NAMES, "idempotency_key": NAMES, "unique_key": NAMES, "group_key": NAMES,
-    "run_at": INSTANTS,
+    "type": NAMES, "idempotency_key": KEYS, "unique_key": KEYS, "group_key": NAMES,
+    "schedule_id": SCHEDULES, "run_at": INSTANTS,
     "priority": ["NULL", "-1", "0", "9", "10"],
     "max_attempts": ["NULL", "-3", "0", "1", "2147483647"],
     "timeout_seconds": [
@@ -303,8 +319,8 @@ EDGES = {
 }  # fmt: skip
 WITHIN = {
     "type": "'t'", "idempotency_key": "NULL", "unique_key": "NULL", "group_key": "NULL",
-    "run_at": "now()", "priority": "0", "max_attempts": "1", "timeout_seconds": "NULL",
-    "payload": "'{}'",
+    "schedule_id": "NULL", "run_at": "now()", "priority": "0", "max_attempts": "1",
+    "timeout_seconds": "NULL", "payload": "'{}'",
 }  # fmt: skip
 """A row within every limit."""
 ROW = st.one_of(
@@ -320,8 +336,8 @@ ROW = st.one_of(
 )
 _TYPES = {
     "type": "text", "idempotency_key": "text", "unique_key": "text", "group_key": "text",
-    "run_at": "timestamptz", "priority": "smallint", "max_attempts": "integer",
-    "timeout_seconds": "double precision", "payload": "jsonb",
+    "schedule_id": "bigint", "run_at": "timestamptz", "priority": "smallint",
+    "max_attempts": "integer", "timeout_seconds": "double precision", "payload": "jsonb",
 }  # fmt: skip
 
 
