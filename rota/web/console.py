@@ -50,6 +50,8 @@ JOBS_PARAMS = {*filters.FIELDS, "before", "limit"}
 FORM_TYPES = ("", "application/x-www-form-urlencoded", "multipart/form-data")
 """The bodies an action reads (none at all, or a form): any other body, JSON say,
 is refused rather than read as an empty form."""
+TIMELESS_PAGES = frozenset({"login.html"})
+"""Pages that show no time, rendered without reading the database's clock."""
 MAX_NEXT = 16 * 1024
 """Longest `next` an action's form may carry: the request head uvicorn's HTTP/1.1
 parser (h11) takes, so any page the console served, whatever its filter, is one
@@ -96,7 +98,7 @@ class Console:
         self.templates.filters["instant"] = _instant
         self.templates.filters["utc"] = lambda v: _instant(v.astimezone(UTC)) if v else "-"
         self.templates.filters["span"] = reads.span
-        self.templates.filters["ago"] = ago
+        self.templates.filters["ago"] = _ago_on_page
         self.templates.filters["iso"] = lambda v: v.isoformat() if v else ""
         self.templates.filters["in_zone"] = in_zone
         self.templates.filters["json"] = as_json
@@ -160,7 +162,17 @@ class Console:
             secure=self.https(request),
         )
 
-    def render(self, request: Request, name: str, who: Identity, **context: Any) -> HTMLResponse:
+    def render(
+        self,
+        request: Request,
+        name: str,
+        who: Identity,
+        now: datetime | None = None,
+        **context: Any,
+    ) -> HTMLResponse:
+        """The page `name`. Its times ("3 min ago", "ran 5 min", due or not) are
+        measured from `now`, the database's clock read once for the page (read
+        here when the route has not read it), never the console host's clock."""
         # A flash message is shown once, by the next full page (not a live refresh).
         cookie = request.cookies.get(auth.FLASH_COOKIE)
         shown = cookie is not None and not request.headers.get("hx-request")
@@ -174,13 +186,21 @@ class Console:
             path=request.url.path,
             here=here_of(request),
             auth_configured=self.settings.auth.configured,
-            now_utc=datetime.now(UTC),
+            now_utc=now or self.database_now(name),
             **context,
         )
         response = HTMLResponse(page)
         if shown:
             response.delete_cookie(auth.FLASH_COOKIE, httponly=True, samesite="strict")
         return response
+
+    def database_now(self, page: str) -> datetime | None:
+        """The database's clock; None for a page that shows no time (the login
+        page, which needs no database)."""
+        if page in TIMELESS_PAGES:
+            return None
+        with self.conn() as conn:
+            return reads.database_now(conn)
 
     # -- guards ---------------------------------------------------------------------
     def viewer(self, request: Request) -> Identity:
@@ -274,13 +294,19 @@ def here_of(request: Request) -> str:
     return request.url.path + ("?" + urlencode(params) if params else "")
 
 
-def ago(value: datetime | None, now: datetime | None = None) -> str:
-    """A time relative to now, as people say it: "3 min ago", "in 2 h", "just now"."""
+@jinja2.pass_context
+def _ago_on_page(context: jinja2.runtime.Context, value: datetime | None) -> str:
+    """`ago` from the page's clock (`now_utc`, the database's)."""
+    return ago(value, context["now_utc"])
+
+
+def ago(value: datetime | None, now: datetime) -> str:
+    """A time relative to `now`, as people say it: "3 min ago", "in 2 h", "just now"."""
     if value is None:
         return "-"
     if isinstance(value, RawInstant):
         return str(value)  # PostgreSQL's text: a time datetime cannot hold
-    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    seconds = (now - value).total_seconds()
     size = abs(seconds)
     if size < 10:
         return "just now"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -184,8 +184,16 @@ class ScheduleView:
 RECENT_JOBS = 5
 
 
+def database_now(conn: Conn) -> datetime:
+    """The database's clock: every time a page shows or counts from is measured by
+    it (DESIGN.md section 1), not by the console host's, which may be off."""
+    value: datetime = fetch_all(conn, sql.query("database_now"), {"now": None})[0]["now"]
+    return value
+
+
 def schedules(conn: Conn, now: datetime | None = None) -> list[ScheduleView]:
-    tick = now or datetime.now(UTC)
+    """Each schedule with its next slots after `now` (None: the database's clock)."""
+    tick = now or database_now(conn)
     views = []
     for row in schedule_store.list_all(conn):
         recent = fetch_all(

@@ -120,6 +120,34 @@ def test_schedules_page_shows_slots_in_zone_and_utc_and_a_dst_preview(client, co
     assert "change of UTC offset" in page
 
 
+class _HostAhead(datetime):
+    """The console host's clock, 30 minutes ahead of the database's."""
+
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[override]
+        return datetime.now(tz) + timedelta(minutes=30)
+
+
+def test_schedules_page_reads_the_database_s_clock_not_the_host_s(client, conn, monkeypatch):
+    # DESIGN.md section 1: every time comes from the database's clock. With the
+    # host's clock ahead, the next slots were those after the host's time (30
+    # minutes late) and "ago" was counted from it.
+    for module in ("rota.web.reads", "rota.web.console"):
+        monkeypatch.setattr(f"{module}.datetime", _HostAhead)
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec("every", "t", "*/2 * * * *"))
+    conn.execute(
+        "UPDATE rota.schedule SET last_slot = now() - interval '5 minutes' WHERE name = 'every'"
+    )
+    before = conn.execute("SELECT now() AS now").fetchone()["now"]
+    page = client.get("/schedules", headers=BEARER).text
+    section = page[page.index('id="schedule-every"') :]
+    table = section[section.index("Next slots") :]
+    shown = re.findall(r"<td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\+00:00)</td>", table)
+    first = datetime.fromisoformat(shown[0])
+    assert before < first <= before + timedelta(minutes=2), (before, shown)
+    assert ">5 min ago</time>" in section, section  # the last slot
+
+
 def test_schedules_page_shows_payloads_and_the_archivers_settings_in_words(client, conn):
     spec = schedule_store.ScheduleSpec(
         "rota/archive", "rota.archive", "*/5 * * * *", payload={"done_retention_seconds": 3600}

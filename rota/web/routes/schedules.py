@@ -37,8 +37,9 @@ def schedules(c: Console, request: Request) -> Response:
     who = c.viewer(request)
     check_params(request, set())
     with c.conn() as conn:
-        views = reads.schedules(conn)
-    return c.render(request, "schedules.html", who, schedules=views, nav="schedules")
+        now = reads.database_now(conn)  # one clock for the slots and the page's times
+        views = reads.schedules(conn, now)
+    return c.render(request, "schedules.html", who, now, schedules=views, nav="schedules")
 
 
 async def schedule_run(c: Console, request: Request) -> Response:
