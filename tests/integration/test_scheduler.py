@@ -474,3 +474,12 @@ def test_no_other_job_can_take_a_schedule_s_keys_ahead_of_its_slots(conn: Conn) 
     result = Scheduler().run_once(conn, now=utc(2026, 1, 1, 9, 0, 1))
     assert (result.enqueued, result.skipped) == (2, 0)
     assert slots(conn, every["id"]) == slots(conn, windowed["id"]) == [utc(2026, 1, 1, 9)]
+
+
+def test_a_unique_for_window_is_anchored_to_the_first_slot_not_the_hour(conn: Conn) -> None:
+    # docs/flow-control.md's example: every 15 minutes with a 3600 s window,
+    # created at 10:20, makes the jobs of 10:30, 11:30 and 12:30.
+    row = add(conn, utc(2026, 6, 1, 10, 20), cron="*/15 * * * *", unique_for_seconds=3600)
+    run_ticks(conn, utc(2026, 6, 1, 10, 21), utc(2026, 6, 1, 13, 20), timedelta(minutes=1))
+    assert slots(conn, row["id"]) == [utc(2026, 6, 1, 10, 30), utc(2026, 6, 1, 11, 30),
+                                      utc(2026, 6, 1, 12, 30)]  # fmt: skip
