@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,6 +120,14 @@ def unique_key(schedule_id: int) -> str:
     """'schedule:<id>': the key every slot's job of a schedule with unique_for_seconds
     or unique_active holds beside its slot's idempotency key."""
     return f"schedule:{schedule_id}"
+
+
+def held_key(row: Mapping[str, Any]) -> str | None:
+    """The unique key a job of the schedule `row` holds: its `unique_key` when the
+    schedule has unique_active or unique_for_seconds, else None."""
+    if row["unique_active"] or row["unique_for_seconds"] is not None:
+        return unique_key(row["id"])
+    return None
 
 
 def idempotency_key(schedule_id: int, slot: datetime) -> str:

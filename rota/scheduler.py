@@ -183,7 +183,7 @@ class Scheduler(Service):
 
     @staticmethod
     def _unique(row: dict[str, Any]) -> bool:
-        return bool(row["unique_active"] or row["unique_for_seconds"] is not None)
+        return schedule_store.held_key(row) is not None
 
     @staticmethod
     def _slot_enqueued(conn: Conn, row: dict[str, Any], slot: datetime) -> bool:
@@ -217,7 +217,7 @@ class Scheduler(Service):
             "schedule_id": row["id"],
             "slot": slot,
             "group": row["group_key"],
-            "unique_key": schedule_store.unique_key(row["id"]) if self._unique(row) else None,
+            "unique_key": schedule_store.held_key(row),
             "unique_active": row["unique_active"],
             "unique_for": row["unique_for_seconds"],
             "now": now,

@@ -265,21 +265,52 @@ LIMIT 500
 -- is the moment it was asked for, and it has no idempotency key, so asking
 -- twice makes two jobs; a Forbid schedule sees it as its latest job. Its
 -- group is the schedule's, as for the jobs of its slots: the group's limits
--- count it.
-WITH made AS (
-    INSERT INTO rota.job (type, payload, max_attempts, priority, timeout_seconds, group_key,
-                          schedule_id, slot, run_at, created_at)
-    SELECT job_type, payload, coalesce(max_attempts, %(max_attempts)s), coalesce(priority, 0),
+-- count it. It holds the schedule's key (`unique_key`, NULL for a schedule
+-- without uniqueness) as a slot's job does, so that the slots after it see
+-- it: with unique_active, job_unique_active_idx refuses it while a job of the
+-- schedule is active; with unique_for_seconds, it takes the key only once the
+-- window of the key's last job has passed at the moment asked, and opens a
+-- window from that moment (its slot), as schedule_enqueue_slot_unique_for
+-- does for a slot. No row: the schedule's uniqueness refused it.
+WITH schedule AS (
+    SELECT * FROM rota.schedule WHERE id = %(id)s
+),
+held AS (
+    INSERT INTO rota.job_unique_key (key, job_id, until)
+    SELECT %(unique_key)s, nextval(pg_get_serial_sequence('rota.job', 'id')),
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => unique_for_seconds)
+    FROM schedule
+    WHERE unique_for_seconds IS NOT NULL
+    ON CONFLICT (key) DO UPDATE SET job_id = excluded.job_id, until = excluded.until
+        WHERE rota.job_unique_key.until <= coalesce(%(now)s::timestamptz, now())
+    RETURNING job_id
+),
+made AS (
+    INSERT INTO rota.job (id, type, payload, max_attempts, priority, timeout_seconds, group_key,
+                          schedule_id, slot, unique_key, unique_active, run_at, created_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(held.job_id, nextval(pg_get_serial_sequence('rota.job', 'id'))),
+           job_type, payload, coalesce(max_attempts, %(max_attempts)s), coalesce(priority, 0),
            timeout_seconds, group_key, id, coalesce(%(now)s::timestamptz, now()),
+           %(unique_key)s, unique_active,
            coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
-    FROM rota.schedule
-    WHERE name = %(name)s
+    FROM schedule LEFT JOIN held ON true
+    WHERE unique_for_seconds IS NULL OR held.job_id IS NOT NULL
+    ON CONFLICT DO NOTHING
     RETURNING id
 ),
 woken AS (
     SELECT pg_notify('rota_jobs', '') FROM made LIMIT 1
 )
 SELECT id FROM made LEFT JOIN woken ON true
+
+-- name: web_schedule_key_holder
+-- Why a schedule's uniqueness refused a run now: its active job (unique_active),
+-- or until when its key is held (unique_for_seconds).
+SELECT (SELECT id FROM rota.job
+        WHERE unique_key = %(key)s AND unique_active
+          AND status IN ('ready', 'running', 'waiting')) AS active_id,
+       (SELECT until FROM rota.job_unique_key WHERE key = %(key)s) AS until
 
 -- name: web_schedule_recent_jobs
 -- A schedule's latest jobs, newest slot first (its slot index, walked backwards).

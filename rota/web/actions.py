@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -318,15 +318,42 @@ def clear_limit(conn: Conn, who: Identity, job_type: str, now: datetime | None =
 
 def run_schedule(conn: Conn, who: Identity, name: str, now: datetime | None = None) -> Done:
     """The schedule's job now, outside its slots (suspended schedules too: a person
-    asked for it), audited like every action."""
-    params = {"name": name, "now": now, "max_attempts": QueueSettings().default_max_attempts}
+    asked for it), audited like every action. It holds the schedule's unique key,
+    so a `Conflict` while unique_active or unique_for_seconds refuses it."""
     with conn.transaction():
+        found = fetch_all(conn, sql.query("schedule_get"), {"name": name})
+        if not found:
+            raise JobNotFound(f"no schedule named {name!r}")
+        key = schedule_store.held_key(found[0])
+        params = {
+            "id": found[0]["id"],
+            "unique_key": key,
+            "now": now,
+            "max_attempts": QueueSettings().default_max_attempts,
+        }
         made = fetch_all(conn, sql.query("web_schedule_run"), params)
         if not made:
-            raise JobNotFound(f"no schedule named {name!r}")
+            raise Conflict(_key_held(conn, name, key))
         job_id = made[0]["id"]
         _audit(conn, who, "run-schedule", {"schedule": name, "ids": [job_id]}, 1, now)
     return Done("run-schedule", 1, f"schedule {name}: job {job_id} enqueued now")
+
+
+def _key_held(conn: Conn, name: str, key: str | None) -> str:
+    """Why the schedule's uniqueness refused a run now, in one line."""
+    held = fetch_all(conn, sql.query("web_schedule_key_holder"), {"key": key})[0]
+    if held["active_id"] is not None:
+        return (
+            f"schedule {name}: job {held['active_id']} of it is still active and the schedule"
+            " has unique_active: run now makes no second job until it ends"
+        )
+    if held["until"] is not None:
+        until = held["until"].astimezone(UTC).isoformat(timespec="seconds")
+        return (
+            f"schedule {name}: its unique_for_seconds window runs until {until}:"
+            " run now makes no job before then"
+        )
+    return f"schedule {name}: its key is held by another job: try again"
 
 
 def suspend_schedule(

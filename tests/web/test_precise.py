@@ -7,14 +7,17 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from rota import schedule_store, workers
-from rota.web import AuthSettings
+from rota.scheduler import Scheduler
+from rota.web import AuthSettings, actions, auth
 from tests.web.conftest import BEARER, HTML, add_job, audit_rows, make_client
 
 JSON = {**BEARER, "Accept": "application/json"}
 PAGE = {**BEARER, **HTML}
+OPERATOR = auth.Identity("ann", auth.OPERATOR, "token")
 
 
 def statuses(conn, ids):
@@ -132,6 +135,51 @@ def test_a_schedule_run_now_makes_the_job_its_slots_make(client, conn):
     job = conn.execute("SELECT * FROM rota.job").fetchone()
     assert (job["type"], job["payload"], job["group_key"]) == ("sync", {"tenant": 7}, "tenant-7")
     assert (job["priority"], job["timeout_seconds"], job["max_attempts"]) == (3, 45.0, 4)
+
+
+def _slot_job(conn, name, slot):
+    """The scheduler's tick just after `slot`, the schedule's next slot."""
+    conn.execute("UPDATE rota.schedule SET next_run_at = %s WHERE name = %s", [slot, name])
+    return Scheduler().run_once(conn, now=slot + timedelta(seconds=1))
+
+
+def test_run_now_of_a_unique_active_schedule_waits_for_its_active_job(client, conn):
+    spec = schedule_store.ScheduleSpec("sync", "sync", "*/5 * * * *", unique_active=True)
+    schedule_store.upsert(conn, spec)
+    slot = datetime(2030, 3, 14, 10, 0, tzinfo=UTC)
+    assert _slot_job(conn, "sync", slot).enqueued == 1
+    response = client.post("/schedules/sync/run", headers=JSON)
+    assert response.status_code == 409, response.text
+    assert "unique_active" in response.json()["error"]
+    assert conn.execute("SELECT count(*) AS n FROM rota.job").fetchone()["n"] == 1
+    assert audit_rows(conn) == []
+    conn.execute("UPDATE rota.job SET status = 'done', finished_at = now()")
+    assert client.post("/schedules/sync/run", headers=JSON).status_code == 200
+    # The run-now job holds the schedule's key: the next slot is skipped.
+    result = _slot_job(conn, "sync", slot + timedelta(minutes=5))
+    assert (result.enqueued, result.skipped) == (0, 1)
+    key = schedule_store.unique_key(schedule_store.get(conn, "sync")["id"])
+    active = conn.execute("SELECT unique_key FROM rota.job WHERE status = 'ready'").fetchall()
+    assert active == [{"unique_key": key}]
+
+
+def test_run_now_of_a_unique_for_schedule_takes_the_window_of_its_moment(conn):
+    spec = schedule_store.ScheduleSpec(
+        "refresh", "refresh", "*/15 * * * *", unique_for_seconds=3600
+    )
+    schedule_store.upsert(conn, spec)
+    slot = datetime(2030, 3, 14, 10, 0, tzinfo=UTC)
+    assert _slot_job(conn, "refresh", slot).enqueued == 1
+    with pytest.raises(actions.Conflict, match="11:00:00"):
+        actions.run_schedule(conn, OPERATOR, "refresh", now=slot + timedelta(minutes=20))
+    assert conn.execute("SELECT count(*) AS n FROM rota.job").fetchone()["n"] == 1
+    asked = slot + timedelta(minutes=65)  # the window passed
+    done = actions.run_schedule(conn, OPERATOR, "refresh", now=asked)
+    assert done.rows == 1
+    # Its window opens at the moment asked: the slots of the next hour make no job.
+    assert _slot_job(conn, "refresh", slot + timedelta(minutes=75)).skipped == 1
+    assert _slot_job(conn, "refresh", slot + timedelta(minutes=120)).skipped == 1
+    assert _slot_job(conn, "refresh", slot + timedelta(minutes=135)).enqueued == 1
 
 
 def test_a_viewer_cannot_run_a_schedule(db_url, conn):
