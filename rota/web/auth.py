@@ -267,25 +267,20 @@ def identify(
     client: str | None,
 ) -> Identity:
     """The identity of a request; `Unauthenticated` when it brings none that is valid
-    and the console requires one."""
+    and the console requires one.
+
+    A request from the proxy naming its user is that user whatever Authorization
+    it also carries: proxies add their own (oauth2-proxy's --pass-basic-auth is on
+    by default), and the token is for requests that do not come through it."""
+    proxied = _proxy_identity(settings, headers, client)
+    if proxied is not None:
+        return proxied
     authorization = headers.get("authorization", "")
     if authorization:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() == "bearer" and token_matches(settings, given.strip()):
             return Identity("token", OPERATOR, "token")
         raise Unauthenticated("the Authorization header does not carry the console's token")
-    if settings.proxy_header and _from(settings.proxy_addresses, client):
-        user = headers.get(settings.proxy_header.lower(), "").strip()
-        if user:
-            if not _plain_name(user):
-                raise Unauthenticated("the proxy's user header is not a plain name")
-            groups = set()
-            if settings.proxy_groups_header:
-                raw = headers.get(settings.proxy_groups_header.lower(), "")
-                groups = {g.strip() for g in raw.split(",") if _plain_name(g.strip())}
-            acts = user in settings.operators or bool(groups & settings.operator_groups)
-            role = OPERATOR if acts else VIEWER
-            return Identity(user, role, "proxy", csrf_value(settings, "proxy|" + user))
     cookie = cookies.get(SESSION_COOKIE)
     if cookie:
         found = read_session(settings, cookie)
@@ -294,6 +289,27 @@ def identify(
     if settings.configured:
         raise Unauthenticated("log in with the console's token")
     return ANONYMOUS
+
+
+def _proxy_identity(
+    settings: AuthSettings, headers: Mapping[str, str], client: str | None
+) -> Identity | None:
+    """The proxy's user, when the request comes from a trusted proxy address and
+    carries its user header; None otherwise."""
+    if not settings.proxy_header or not _from(settings.proxy_addresses, client):
+        return None
+    user = headers.get(settings.proxy_header.lower(), "").strip()
+    if not user:
+        return None
+    if not _plain_name(user):
+        raise Unauthenticated("the proxy's user header is not a plain name")
+    groups = set()
+    if settings.proxy_groups_header:
+        raw = headers.get(settings.proxy_groups_header.lower(), "")
+        groups = {g.strip() for g in raw.split(",") if _plain_name(g.strip())}
+    acts = user in settings.operators or bool(groups & settings.operator_groups)
+    role = OPERATOR if acts else VIEWER
+    return Identity(user, role, "proxy", csrf_value(settings, "proxy|" + user))
 
 
 def csrf_ok(identity: Identity, given: str | None) -> bool:

@@ -95,6 +95,29 @@ def test_proxy_users_are_viewers_unless_listed_and_viewers_cannot_act(db_url, co
     assert (row["actor"], row["role"]) == ("bob", "operator")
 
 
+def test_a_proxy_user_is_known_whatever_authorization_the_proxy_also_sends(db_url, conn):
+    # oauth2-proxy's --pass-basic-auth (on by default) adds "Basic base64(user:)".
+    job_id = add_job(conn, "email", "dead")
+    basic = {"Authorization": "Basic YW5uOg=="}
+    with make_client(db_url, client=FROM_PROXY, auth=PROXY) as c:
+        ann = {"X-Forwarded-User": "ann", **basic}
+        page = c.get(f"/jobs/{job_id}", headers={**ann, **HTML}, follow_redirects=False)
+        assert page.status_code == 200 and "ann (viewer)" in page.text
+        bob = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "oncall", **basic}
+        page = c.get(f"/jobs/{job_id}", headers={**bob, **HTML}).text
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert found
+        done = c.post(f"/jobs/{job_id}/retry", headers=bob, data={"csrf": found.group(1)})
+        assert done.status_code == 200, done.text
+        # Without the proxy's header, Authorization alone decides, as from anywhere.
+        assert c.get("/jobs", headers=basic).status_code == 401
+        assert c.get("/jobs", headers=BEARER).status_code == 200
+    with make_client(db_url, auth=PROXY) as c:  # not from the proxy
+        assert c.get("/jobs", headers={"X-Forwarded-User": "ann", **basic}).status_code == 401
+    [row] = audit_rows(conn)
+    assert (row["actor"], row["role"]) == ("bob", "operator")
+
+
 def test_the_proxy_header_from_elsewhere_is_ignored(db_url, conn):
     settings = AuthSettings(
         token=TOKEN, proxy_header="X-Forwarded-User", proxy_addresses=("10.1.2.3",),
