@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote_to_bytes, urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
@@ -231,6 +231,7 @@ class Console:
         kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if kind not in FORM_TYPES:
             raise HTTPException(415, f"an action takes a form, not {kind[:80]}")
+        check_utf8(kind, await request.body())
         form = await request.form()
         given = form.get("csrf")
         if not auth.csrf_ok(who, given if isinstance(given, str) else None):
@@ -246,6 +247,26 @@ class Console:
         flash = auth.flash_cookie(self.settings.auth, done.message)
         self.set_cookie(request, response, auth.FLASH_COOKIE, flash, auth.FLASH_SECONDS)
         return response
+
+
+def check_utf8(kind: str, body: bytes) -> None:
+    """`InvalidInput` for a form whose text is not UTF-8: Starlette would read its
+    bytes as U+FFFD (or, in a multipart part, as Latin-1), a name nobody gave.
+    A multipart body's boundaries and headers are ASCII and a file is refused
+    anyway, so that body is UTF-8 exactly when its fields are."""
+    if kind == "multipart/form-data":
+        texts = [body]
+    else:
+        texts = [
+            unquote_to_bytes(text.replace(b"+", b" "))
+            for field in body.split(b"&")
+            for text in field.split(b"=", 1)
+        ]
+    for text in texts:
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(f"the form is not UTF-8 text: {text[:40]!r}") from None
 
 
 def form_field(form: Mapping[str, Any], name: str) -> str | None:

@@ -139,6 +139,49 @@ def test_malformed_form_fields_are_400_never_500(client, conn):
             form = {"Content-Type": "application/x-www-form-urlencoded", **BEARER}
             response = client.post(path, content=_encoded(data), headers=form)
             assert response.status_code in (200, 400, 404, 409), (path, value, response.text)
+            if not _utf8(value):  # never read as U+FFFD, a name nobody gave
+                assert response.status_code == 400, (path, value, response.text)
+                assert "UTF-8" in response.json()["error"], (path, value)
+    written = conn.execute("SELECT target::text FROM rota.audit").fetchall()
+    assert not [r for r in written if "\ufffd" in r["target"]]
+    paused = conn.execute("SELECT type FROM rota.paused_type").fetchall()
+    assert not [r for r in paused if "\ufffd" in r["type"]]
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+NOT_UTF8 = [b"%FFx", b"%C0%AFy", b"\xffx", b"a%ED%A0%80"]
+
+
+@pytest.mark.parametrize("raw", NOT_UTF8)
+def test_a_form_that_is_not_utf8_is_400_and_writes_nothing(client, conn, raw):
+    job_id = add_job(conn, "mail", "dead", last_error="SMTPError: x")
+    form = {"Content-Type": "application/x-www-form-urlencoded", **BEARER}
+    for path, body in [
+        ("/types/pause", b"type=" + raw),
+        ("/dead/retry", b"error_class=SMTPError&type=" + raw),
+        ("/types/limit/clear", b"type=" + raw),
+        ("/jobs/bulk", b"action=retry&error=" + raw),
+        ("/jobs/bulk", raw + b"=1"),  # a field's name
+    ]:
+        response = client.post(path, content=body, headers=form)
+        assert response.status_code == 400, (path, body, response.text)
+        assert "UTF-8" in response.json()["error"]
+    part = b'--b\r\nContent-Disposition: form-data; name="type"\r\n\r\n\xffx\r\n--b--\r\n'
+    multipart = {"Content-Type": "multipart/form-data; boundary=b", **BEARER}
+    response = client.post("/types/pause", content=part, headers=multipart)
+    assert response.status_code == 400, response.text
+    assert conn.execute("SELECT count(*) AS n FROM rota.paused_type").fetchone()["n"] == 0
+    assert conn.execute("SELECT status FROM rota.job WHERE id = %s", [job_id]).fetchone() == {
+        "status": "dead"
+    }
+    assert audit_rows(conn) == []
 
 
 RAW_COOKIES = [
