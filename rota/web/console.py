@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, ImmutableMultiDict
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -52,6 +52,12 @@ FORM_TYPES = ("", "application/x-www-form-urlencoded", "multipart/form-data")
 is refused rather than read as an empty form."""
 TIMELESS_PAGES = frozenset({"login.html"})
 """Pages that show no time, rendered without reading the database's clock."""
+JSON_SUFFIX = ":json"
+"""A field the console's own forms write as a JSON string (`type:json` holding
+`"mail\\nout"`), read as the field without the suffix. A browser sends every
+line break of a form value as CR LF, so a name with one, written as it is,
+would come back as another name; JSON writes it as the two characters `\\n`,
+which no browser rewrites. A field without the suffix is read as it is."""
 MAX_NEXT = 16 * 1024
 """Longest `next` an action's form may carry: the request head uvicorn's HTTP/1.1
 parser (h11) takes, so any page the console served, whatever its filter, is one
@@ -232,7 +238,7 @@ class Console:
         if kind not in FORM_TYPES:
             raise HTTPException(415, f"an action takes a form, not {kind[:80]}")
         check_utf8(kind, await request.body())
-        form = await request.form()
+        form = FormData(json_fields((await request.form()).multi_items()))
         given = form.get("csrf")
         if not auth.csrf_ok(who, given if isinstance(given, str) else None):
             raise HTTPException(403, "the form's CSRF value is missing or wrong: reload the page")
@@ -267,6 +273,25 @@ def check_utf8(kind: str, body: bytes) -> None:
             text.decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidInput(f"the form is not UTF-8 text: {text[:40]!r}") from None
+
+
+def json_fields(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The fields of a form or query, each `<name>:json` (JSON_SUFFIX) read as
+    `<name>` with its JSON string decoded; `InvalidInput` for one that is not a
+    JSON string."""
+    return [_json_field(name, value) for name, value in items]
+
+
+def _json_field(name: str, value: Any) -> tuple[str, Any]:
+    if not name.endswith(JSON_SUFFIX) or not isinstance(value, str):
+        return name, value
+    try:
+        text = json.loads(value)
+    except ValueError:
+        text = None
+    if not isinstance(text, str):
+        raise InvalidInput(f"field {name!r} must hold a JSON string, not {value[:40]!r}")
+    return name.removesuffix(JSON_SUFFIX), text
 
 
 def form_field(form: Mapping[str, Any], name: str) -> str | None:
@@ -376,17 +401,21 @@ def job_id_of(request: Request) -> int:
     return job_id
 
 
-def check_params(request: Request, allowed: set[str]) -> None:
+def check_params(
+    request: Request, allowed: set[str], params: ImmutableMultiDict[str, str] | None = None
+) -> None:
     """A page reads the parameters it names, each once: an unknown one (a typo) or
-    one given twice (of which only one would be read) is refused."""
-    unknown = sorted(set(request.query_params) - allowed)
+    one given twice (of which only one would be read) is refused. `params`: the
+    query as the page reads it, when that is not the request's as it came."""
+    given = request.query_params if params is None else params
+    unknown = sorted(set(given) - allowed)
     if unknown and not allowed:
         raise InvalidInput(f"this page takes no parameters, not {unknown[0]!r}")
     if unknown:
         raise InvalidInput(
             f"unknown parameter {unknown[0]!r} (known: {', '.join(sorted(allowed))})"
         )
-    counts = Counter(name for name, _ in request.query_params.multi_items())
+    counts = Counter(name for name, _ in given.multi_items())
     twice = sorted(name for name, n in counts.items() if n > 1)
     if twice:
         raise InvalidInput(f"parameter {twice[0]!r} is given twice")

@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 from zoneinfo import ZoneInfo
 
 import pytest
 from psycopg.types.json import Jsonb
 
-from rota import schedule_store, workers
+from rota import flow, schedule_store, workers
 from rota.web import AuthSettings, WebSettings, create_app
 from tests.web.conftest import TOKEN, add_job
 
@@ -468,4 +469,57 @@ def test_the_console_on_a_phone_and_in_the_dark(console, browser, conn, tmp_path
     tip.wait_for(state="visible")
     assert tip.evaluate("t => getComputedStyle(t).backgroundColor") == "rgb(20, 24, 29)"
     dark.screenshot(path=str(tmp_path / "dark-readout.png"))
+    assert refused == []
+
+
+def test_names_with_a_line_break_come_back_from_the_console_forms_exactly(console, browser, conn):
+    # A browser sends a form value's line break as CR LF: "mail\nout" would come
+    # back as "mail\r\nout", another type (and "a\rb" as "a\r\nb").
+    mail, limited, nightly = "mail\nout", "lim\rx", "night\nly"
+    dead = [add_job(conn, mail, "dead", last_error="SMTPError: 451") for _ in range(2)]
+    schedule_store.upsert(conn, schedule_store.ScheduleSpec(nightly, "report", "0 3 * * *"))
+    flow.set_limit(conn, limited, concurrency=2)
+    refused: list[str] = []
+    page = _page(browser, refused, viewport={"width": 1280, "height": 800})
+    _log_in(page, console)
+
+    page.goto(console + "/dead")
+    page.click("form[action='/dead/retry'] button")
+    page.wait_for_selector(".flash")
+    assert "2 dead" in page.inner_text(".flash")
+    assert [status_of(conn, i) for i in dead] == ["ready", "ready"]
+
+    page.goto(f"{console}/jobs?{urlencode({'status': 'ready', 'type': mail})}")
+    page.fill("input[name=priority]", "7")
+    page.click("text=set priority…")
+    page.wait_for_selector("#bulk-count")
+    assert page.inner_text("#bulk-count strong") == "2"
+    page.click("form[action='/jobs/bulk'] button")
+    page.wait_for_selector(".flash")
+    priorities = conn.execute("SELECT priority FROM rota.job WHERE type = %s", [mail]).fetchall()
+    assert [r["priority"] for r in priorities] == [7, 7]
+
+    for verb in ("pause", "resume"):
+        page.goto(console + "/types")
+        page.click(f"tr[data-type='mail\\a out'] form[action='/types/{verb}'] button")
+        page.wait_for_selector(".flash")
+        paused = [r["type"] for r in conn.execute("SELECT type FROM rota.paused_type")]
+        assert paused == ([mail] if verb == "pause" else []), verb
+    page.goto(console + "/types")
+    page.click("form[action='/types/limit/clear'] button")
+    page.wait_for_selector(".flash")
+    assert conn.execute("SELECT type FROM rota.job_limit").fetchall() == []
+
+    for verb, suspended in (("suspend", True), ("resume", False)):
+        page.goto(console + "/schedules")
+        page.click(f"form[action='/schedules/{verb}'] button")
+        page.wait_for_selector(".flash")
+        assert schedule_store.get(conn, nightly)["suspend"] is suspended, verb
+    audit = conn.execute("SELECT action, target FROM rota.audit").fetchall()
+    targets = {r["action"]: r["target"] for r in audit}
+    assert targets["retry-dead-group"]["type"] == mail
+    assert targets["bulk-priority"]["filter"]["type"] == mail
+    assert targets["pause"]["types"] == targets["resume"]["types"] == [mail]
+    assert targets["clear-limit"]["type"] == limited
+    assert targets["suspend"]["schedule"] == targets["resume-schedule"]["schedule"] == nightly
     assert refused == []

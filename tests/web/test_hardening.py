@@ -19,6 +19,7 @@ from rota import schedule_store
 from rota.web import AuthSettings, reads
 from tests.web.conftest import BEARER, HTML, TOKEN, add_job, audit_rows, csrf_of, make_client
 
+JSON = {**BEARER, "Accept": "application/json"}
 PAGES = ["/", "/jobs", "/dead", "/schedules", "/types", "/workers", "/audit"]
 
 
@@ -182,6 +183,18 @@ def test_a_form_that_is_not_utf8_is_400_and_writes_nothing(client, conn, raw):
         "status": "dead"
     }
     assert audit_rows(conn) == []
+
+
+def test_a_form_field_written_as_json_is_read_as_its_string(client, conn):
+    form = {"Content-Type": "application/x-www-form-urlencoded", **JSON}
+    body = urlencode({"type:json": '"mail\\nout"'})
+    assert client.post("/types/pause", content=body, headers=form).status_code == 200
+    paused = conn.execute("SELECT type FROM rota.paused_type").fetchall()
+    assert paused == [{"type": "mail\nout"}]
+    for fields in ({"type:json": "mail"}, {"type:json": "1"}, {"type:json": '"a"', "type": "a"}):
+        response = client.post("/types/resume", content=urlencode(fields), headers=form)
+        assert response.status_code == 400, (fields, response.text)
+    assert len(audit_rows(conn)) == 1
 
 
 RAW_COOKIES = [

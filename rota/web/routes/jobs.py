@@ -7,13 +7,21 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from starlette.datastructures import ImmutableMultiDict
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from rota.errors import InvalidInput
 from rota.web import actions, filters, reads
-from rota.web.console import JOBS_PARAMS, Console, check_params, form_field, job_id_of
+from rota.web.console import (
+    JOBS_PARAMS,
+    Console,
+    check_params,
+    form_field,
+    job_id_of,
+    json_fields,
+)
 from rota.web.routes.acting import threaded
 
 
@@ -48,8 +56,9 @@ def job(c: Console, request: Request) -> Response:
 
 def bulk_confirm(c: Console, request: Request) -> Response:
     who = c.viewer(request)
-    check_params(request, {*filters.FIELDS, "action", "priority"})
-    q = request.query_params
+    # The filter's fields come from the jobs page's form (JSON_SUFFIX) or a link.
+    q = ImmutableMultiDict(json_fields(request.query_params.multi_items()))
+    check_params(request, {*filters.FIELDS, "action", "priority"}, q)
     bulk, priority = _bulk_of(q)
     found = filters.parse_filter(q)
     with c.conn() as conn:
