@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -19,6 +20,16 @@ from rota.cli import main
 from rota.errors import MigrationError
 from rota.migrate import applied, migrate, require_current
 from rota.scheduler import Scheduler
+
+
+def _migrated_before(conn: psycopg.Connection[Any], number: int) -> None:
+    """The migrations before `number` applied and recorded, as a database that
+    stopped at that release has them."""
+    conn.execute(sql.query("migrate_bootstrap"))
+    for each, name, text in sql.migrations():
+        if each < number:
+            conn.execute(text.encode())
+            conn.execute(sql.query("migration_record"), {"id": each, "name": name})
 
 
 def test_concurrent_migrate_processes_apply_each_migration_once(empty_db_url: str) -> None:
@@ -124,11 +135,7 @@ def test_windows_past_ten_years_become_ten_years_and_claims_go_on(empty_db_url: 
     # a window no claim could count (every claim failed on them) take the
     # longest window there is, the one that lets the fewest jobs start.
     with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute(sql.query("migrate_bootstrap"))
-        for number, name, text in sql.migrations():
-            if number < 36:
-                conn.execute(text.encode())
-                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        _migrated_before(conn, 36)
         conn.execute(
             "INSERT INTO rota.job_limit (type, rate, per_seconds)"
             " VALUES ('inf', 1, 'Infinity'), ('nan', 1, 'NaN'), ('ok', 1, 60)"
@@ -152,11 +159,7 @@ def test_schedules_stored_before_0037_stay_and_pass_their_slots(empty_db_url: st
     # their slots (its advance changes next_run_at alone) and fires the others.
     now = datetime(2030, 1, 1, 12, tzinfo=UTC)
     with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute(sql.query("migrate_bootstrap"))
-        for number, name, text in sql.migrations():
-            if number < 37:
-                conn.execute(text.encode())
-                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        _migrated_before(conn, 37)
         conn.execute(
             "INSERT INTO rota.schedule (name, job_type, cron, next_run_at, group_key,"
             "                           timeout_seconds, unique_for_seconds)"
@@ -190,11 +193,7 @@ def test_waits_ended_by_event_before_0044_take_the_payload_still_there(empty_db_
     # that of a key emitted anew since, and none once the event is gone.
     ended = datetime(2030, 1, 1, tzinfo=UTC)
     with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute(sql.query("migrate_bootstrap"))
-        for number, name, text in sql.migrations():
-            if number < 44:
-                conn.execute(text.encode())
-                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        _migrated_before(conn, 44)
         conn.execute(
             "INSERT INTO rota.job_event (key, payload, emitted_at)"
             " VALUES ('kept', '{\"n\": 1}', %(before)s), ('bare', NULL, %(before)s),"
@@ -231,11 +230,7 @@ def test_children_archived_before_0038_take_their_parent_while_it_is_there(
     # their parent_id; a child archived before 0038 has none, and takes it from
     # rota.job_child, whose rows stay while their parent is in rota.job.
     with psycopg.connect(empty_db_url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute(sql.query("migrate_bootstrap"))
-        for number, name, text in sql.migrations():
-            if number < 44:
-                conn.execute(text.encode())
-                conn.execute(sql.query("migration_record"), {"id": number, "name": name})
+        _migrated_before(conn, 44)
         conn.execute(
             "INSERT INTO rota.job_archive (id, type, payload, status, run_at, attempts,"
             "                              max_attempts, created_at, archived_at)"

@@ -48,6 +48,20 @@ def _ended(buffer: OutcomeBuffer, job: Job, outcome: Attempt) -> Execution:
     return record
 
 
+def _flush_all(buffer: OutcomeBuffer, db_url: str, io: ThreadPoolExecutor) -> None:
+    """Flush `buffer` on a link of its own until nothing is pending."""
+
+    async def flush_all() -> None:
+        link = Link(db_url, "flush", io)
+        try:
+            while buffer.pending:
+                await buffer.flush(link)
+        finally:
+            link.close()
+
+    asyncio.run(flush_all())
+
+
 def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_url, io) -> None:
     ids = rota.enqueue_many(conn, [rota.NewJob("t") for _ in range(4)])
     jobs = {j.id: j for j in claims.claim(conn, "w", 10, 30)}
@@ -61,15 +75,7 @@ def test_the_buffer_writes_a_batch_and_tells_lost_from_self_completed(conn, db_u
         for i, outcome in zip(ids, outcomes, strict=True)
     ]
 
-    async def flush_all() -> None:
-        link = Link(db_url, "flush", io)
-        try:
-            while buffer.pending:
-                await buffer.flush(link)
-        finally:
-            link.close()
-
-    asyncio.run(flush_all())
+    _flush_all(buffer, db_url, io)
     assert settled == ids  # every attempt accounted for, in order
     assert buffer.written == 4 and buffer.unsettled == 0
     assert [r.state for r in records] == [State.WRITTEN, State.WRITTEN, State.LOST, State.WRITTEN]
@@ -93,15 +99,7 @@ def test_a_self_completed_jobs_return_value_is_stored_unless_complete_stored_one
         attempt = Attempt.of(jobs[job_id], Outcome.DONE, type="t", result='{"returned": 1}')
         _ended(buffer, jobs[job_id], attempt)
 
-    async def flush_all() -> None:
-        link = Link(db_url, "flush", io)
-        try:
-            while buffer.pending:
-                await buffer.flush(link)
-        finally:
-            link.close()
-
-    asyncio.run(flush_all())
+    _flush_all(buffer, db_url, io)
     assert settled == ids
     results = [row(conn, i)["result"] for i in ids]
     assert results == [{"returned": 1}, {"given": "to complete"}, {"returned": 1}]
