@@ -57,8 +57,8 @@ class ArchiveSettings:
     archive_retention_seconds: float | None = None
     """How long an archived row stays in rota.job_archive, in seconds after it
     was archived, before it is deleted; None keeps archived rows for good. The
-    children of a job that has not ended stay while it has not: it reads their
-    outcomes on every run."""
+    children of a job still in rota.job stay while it is there: it reads their
+    outcomes on every run, and one that ended dead or failed may be retried."""
 
     unique_key_retention_seconds: float = 3600.0
     """How long a unique_for key's row stays after its window has passed, in

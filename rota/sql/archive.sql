@@ -38,18 +38,19 @@ SELECT count(*) AS moved FROM archived
 -- Archived rows past the archive's own retention, oldest first (through
 -- job_archive_archived_idx), deleted in capped batches like the moves. The
 -- picked rows are reached by primary key from an array: a join may be planned
--- as a hash join over a scan of the whole archive. A child whose parent has
--- not ended is kept: the parent reads its children's outcomes on every run
--- (a gather), from here once they are archived; it goes once its parent has.
+-- as a hash join over a scan of the whole archive. A child whose parent is
+-- still in rota.job is kept: the parent reads its children's outcomes on every
+-- run (a gather), from here once they are archived, and one that ended dead
+-- or failed may run again (rota dead retry); the child goes once its parent
+-- has left the table.
 WITH picked AS (
     SELECT id FROM rota.job_archive AS a
     WHERE archived_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
       -- A scalar subquery, so that it stays a look-up of each child's parent
-      -- by primary key (NOT EXISTS may be planned as a hash of every active
-      -- job), asked of children only.
+      -- by primary key (NOT EXISTS may be planned as a hash of every job),
+      -- asked of children only.
       AND (a.parent_id IS NULL
-           OR NOT coalesce((SELECT p.status IN ('ready', 'running', 'waiting')
-                            FROM rota.job AS p WHERE p.id = a.parent_id), false))
+           OR NOT coalesce((SELECT true FROM rota.job AS p WHERE p.id = a.parent_id), false))
     ORDER BY archived_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
