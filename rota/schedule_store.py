@@ -130,6 +130,45 @@ def held_key(row: Mapping[str, Any]) -> str | None:
     return None
 
 
+def enqueue_job(
+    conn: Conn,
+    row: Mapping[str, Any],
+    slot: datetime,
+    *,
+    key: str | None,
+    run_at: datetime,
+    max_attempts: int,
+    now: datetime | None,
+) -> int | None:
+    """Insert a job of the schedule `row` for `slot` (a slot's, keyed `key`, or
+    one asked for now, keyed by nothing); its id, or None when it was not made:
+    the key has its job, or the schedule's unique_active or unique_for_seconds
+    refused it (it holds the schedule's key, as every job of the schedule does)."""
+    params = {
+        "type": row["job_type"],
+        "payload": Jsonb(row["payload"]),
+        "key": key,
+        "run_at": run_at,
+        "max_attempts": max_attempts,
+        "priority": row["priority"] if row["priority"] is not None else 0,
+        "timeout_seconds": row["timeout_seconds"],
+        "schedule_id": row["id"],
+        "slot": slot,
+        "group": row["group_key"],
+        "unique_key": held_key(row),
+        "unique_active": row["unique_active"],
+        "unique_for": row["unique_for_seconds"],
+        "now": now,
+    }
+    query = (
+        "schedule_enqueue_slot_unique_for"
+        if row["unique_for_seconds"] is not None
+        else "schedule_enqueue_slot"
+    )
+    made = fetch_all(conn, sql.query(query), params)
+    return int(made[0]["id"]) if made else None
+
+
 def idempotency_key(schedule_id: int, slot: datetime) -> str:
     """'schedule:<id>:<slot in UTC, ISO-8601 to the second>', e.g. ...:2026-03-29T01:30:00+00:00."""
     return f"schedule:{schedule_id}:{slot.astimezone(UTC).isoformat(timespec='seconds')}"

@@ -15,8 +15,6 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from rota import cron, limits, schedule_store, sql
 from rota.db import Conn, ConnOrDsn, connection, fetch_all
 from rota.errors import DatabaseError, InvalidInput
@@ -206,28 +204,16 @@ class Scheduler(Service):
         """Insert the slot's job; False when it was not made (the slot has its job,
         or the schedule's unique_active or unique_for_seconds refused it)."""
         offset = schedule_store.spread_offset(row["name"], row["spread_seconds"])
-        params = {
-            "type": row["job_type"],
-            "payload": Jsonb(row["payload"]),
-            "key": schedule_store.idempotency_key(row["id"], slot),
-            "run_at": slot + timedelta(seconds=offset),
-            "max_attempts": row["max_attempts"] or self.settings.default_max_attempts,
-            "priority": row["priority"] if row["priority"] is not None else 0,
-            "timeout_seconds": row["timeout_seconds"],
-            "schedule_id": row["id"],
-            "slot": slot,
-            "group": row["group_key"],
-            "unique_key": schedule_store.held_key(row),
-            "unique_active": row["unique_active"],
-            "unique_for": row["unique_for_seconds"],
-            "now": now,
-        }
-        query = (
-            "schedule_enqueue_slot_unique_for"
-            if row["unique_for_seconds"] is not None
-            else "schedule_enqueue_slot"
+        made = schedule_store.enqueue_job(
+            conn,
+            row,
+            slot,
+            key=schedule_store.idempotency_key(row["id"], slot),
+            run_at=slot + timedelta(seconds=offset),
+            max_attempts=row["max_attempts"] or self.settings.default_max_attempts,
+            now=now,
         )
-        return bool(fetch_all(conn, sql.query(query), params))
+        return made is not None
 
     @staticmethod
     def _advance(

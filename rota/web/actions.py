@@ -324,17 +324,17 @@ def run_schedule(conn: Conn, who: Identity, name: str, now: datetime | None = No
         found = fetch_all(conn, sql.query("schedule_get"), {"name": name})
         if not found:
             raise JobNotFound(f"no schedule named {name!r}")
-        key = schedule_store.held_key(found[0])
-        params = {
-            "id": found[0]["id"],
-            "unique_key": key,
-            "now": now,
-            "max_attempts": QueueSettings().default_max_attempts,
-        }
-        made = fetch_all(conn, sql.query("web_schedule_run"), params)
-        if not made:
-            raise Conflict(_key_held(conn, name, key))
-        job_id = made[0]["id"]
+        row = found[0]
+        # Its slot is the moment it was asked for, by the database's clock; it
+        # has no idempotency key, so asking twice makes two jobs (a Forbid
+        # schedule sees it as its latest job), and its group is the schedule's.
+        [at] = fetch_all(conn, sql.query("database_now"), {"now": now})
+        max_attempts = row["max_attempts"] or QueueSettings().default_max_attempts
+        job_id = schedule_store.enqueue_job(
+            conn, row, at["now"], key=None, run_at=at["now"], max_attempts=max_attempts, now=now
+        )
+        if job_id is None:
+            raise Conflict(_key_held(conn, name, schedule_store.held_key(row)))
         _audit(conn, who, "run-schedule", {"schedule": name, "ids": [job_id]}, 1, now)
     return Done("run-schedule", 1, f"schedule {name}: job {job_id} enqueued now")
 
