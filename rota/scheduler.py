@@ -173,15 +173,12 @@ class Scheduler(Service):
             self._advance(conn, row, next_run_at, None, count - 1, 1)
             return SchedulerResult(schedules=1, missed=count - 1, skipped=1)
         created = self._enqueue(conn, row, latest, now)
-        if not created and self._unique(row) and not self._slot_enqueued(conn, row, latest):
+        held = schedule_store.held_key(row) is not None  # a unique schedule's refusal
+        if not created and held and not self._slot_enqueued(conn, row, latest):
             self._advance(conn, row, next_run_at, None, count - 1, 1)
             return SchedulerResult(schedules=1, missed=count - 1, skipped=1)
         self._advance(conn, row, next_run_at, latest, count - 1, 0)
         return SchedulerResult(schedules=1, enqueued=int(created), missed=count - 1)
-
-    @staticmethod
-    def _unique(row: dict[str, Any]) -> bool:
-        return schedule_store.held_key(row) is not None
 
     @staticmethod
     def _slot_enqueued(conn: Conn, row: dict[str, Any], slot: datetime) -> bool:

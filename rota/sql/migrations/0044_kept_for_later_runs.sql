@@ -1,5 +1,5 @@
 -- What a durable job's later runs read is kept: the payload a wait got, and
--- the archived children of a parent that has not ended.
+-- the archived children of a parent still in rota.job.
 --
 -- A run that came back to a wait ended by 'event' looked the payload up again
 -- by key in rota.job_event, and the archive deletes events after their
@@ -126,8 +126,8 @@ $$;
 -- A parent reads its children's outcomes on every run, from rota.job_archive
 -- once they are archived, and the archive's retention deleted them: the
 -- parent's next run failed ("job N is not a child of job M"). The deletion of
--- archived rows (delete_archived) keeps the children of a parent that has not
--- ended now, found by rota.job_archive.parent_id: a child archived before
+-- archived rows (delete_archived) keeps the children of a parent still in
+-- rota.job now, found by rota.job_archive.parent_id: a child archived before
 -- migration 0038 has none. Such children of parents
 -- still in rota.job (whose rota.job_child rows are kept with them) take it.
 UPDATE rota.job_archive AS a SET parent_id = c.parent_id
